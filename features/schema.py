@@ -1,0 +1,172 @@
+"""The canonical trace schema: one row a request, in release order.
+
+Columns: ``request_id`` (str), ``arrival_s`` (float seconds from trace start), ``prompt_tokens``
+(int > 0), ``output_tokens`` (int >= 1), ``prompt_key`` (str or missing). Every loader and the
+synthetic generator return a frame that :func:`validate_trace` accepts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from features.errors import TraceError
+
+CANONICAL_COLUMNS: tuple[str, ...] = (
+    "request_id",
+    "arrival_s",
+    "prompt_tokens",
+    "output_tokens",
+    "prompt_key",
+)
+REQUIRED_COLUMNS: tuple[str, ...] = ("arrival_s", "prompt_tokens", "output_tokens")
+
+
+def _first_bad(mask: np.ndarray) -> int:
+    """0-based position of the first True in ``mask``."""
+    return int(np.flatnonzero(mask)[0])
+
+
+def _row(rows: np.ndarray | None, position: int) -> int:
+    """1-based data row of a position: ``rows[position]`` if given, else ``position + 1``."""
+    return int(rows[position]) if rows is not None else position + 1
+
+
+def as_token_counts(
+    values: pd.Series,
+    *,
+    source: object = "<trace>",
+    field: str = "tokens",
+    rows: np.ndarray | None = None,
+) -> np.ndarray:
+    """Whole token counts >= 1 as int64, so every reader rejects bad lengths the same way.
+
+    Raises :class:`TraceError` naming ``source``, ``field`` and the 1-based data row of the
+    first bad value (row 1 is the first request; ``rows`` maps positions to file rows).
+    """
+    raw = pd.to_numeric(values, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    bad = ~np.isfinite(raw) | (raw != np.round(raw))
+    if bad.any():
+        i = _first_bad(bad)
+        shown = values.iloc[i]
+        empty = pd.isna(shown) or (isinstance(shown, str) and not shown.strip())
+        got = "an empty value" if empty else repr(shown)
+        raise TraceError(
+            f"expected a whole number of tokens, got {got}",
+            path=source,
+            row=_row(rows, i),
+            field=field,
+        )
+    low = 1
+    if (raw < low).any():
+        i = _first_bad(raw < low)
+        raise TraceError(
+            f"must be at least {low}, got {int(raw[i])}",
+            path=source,
+            row=_row(rows, i),
+            field=field,
+        )
+    return raw.astype(np.int64)
+
+
+def as_seconds(
+    values: pd.Series,
+    *,
+    source: object = "<trace>",
+    field: str = "arrival_s",
+    rows: np.ndarray | None = None,
+) -> np.ndarray:
+    """Finite float64 times, so every reader rejects unparseable times the same way."""
+    raw = pd.to_numeric(values, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    bad = ~np.isfinite(raw)
+    if bad.any():
+        i = _first_bad(bad)
+        raise TraceError(
+            f"unparseable arrival time {values.iloc[i]!r}",
+            path=source,
+            row=_row(rows, i),
+            field=field,
+        )
+    return raw
+
+
+def validate_trace(frame: pd.DataFrame, source: object = "<trace>") -> pd.DataFrame:
+    """Check a frame against the canonical schema and return it typed, sorted by arrival.
+
+    Raises :class:`TraceError` naming ``source``, the 1-based row and the field for the first
+    violation found. Rows are stably sorted by ``arrival_s`` so ties keep their file order.
+    Missing prompt keys are NA (test them with ``isna()``).
+    """
+    if len(frame) == 0:
+        raise TraceError("the trace holds no requests", path=source)
+    missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
+    if missing:
+        raise TraceError(
+            f"missing column(s) {missing}; a canonical trace has {list(CANONICAL_COLUMNS)} "
+            f"(found {list(frame.columns)})",
+            path=source,
+            field=missing[0],
+        )
+    out = pd.DataFrame(index=pd.RangeIndex(len(frame)))
+    for col in ("prompt_tokens", "output_tokens"):
+        out[col] = as_token_counts(frame[col], source=source, field=col)
+    arrival = as_seconds(frame["arrival_s"], source=source, field="arrival_s")
+    if (arrival < 0).any():
+        i = _first_bad(arrival < 0)
+        raise TraceError(
+            f"arrival time must be >= 0 seconds from trace start, got {arrival[i]}",
+            path=source,
+            row=i + 1,
+            field="arrival_s",
+        )
+    out["arrival_s"] = arrival
+    if "request_id" in frame.columns:
+        out["request_id"] = frame["request_id"].astype("str").array
+    else:
+        out["request_id"] = pd.Series(np.arange(len(frame))).astype("str").array
+    if "prompt_key" in frame.columns:
+        out["prompt_key"] = frame["prompt_key"].astype("str").array
+    else:
+        out["prompt_key"] = pd.Series(index=out.index, dtype="str").array
+    out = out[list(CANONICAL_COLUMNS)]
+    order = np.argsort(out["arrival_s"].to_numpy(), kind="stable")
+    if not np.array_equal(order, np.arange(len(out))):
+        out = out.iloc[order]
+    return out.reset_index(drop=True)
+
+
+@dataclass(frozen=True, slots=True)
+class TraceArrays:
+    """The numpy view of a canonical trace that the simulator and estimators consume."""
+
+    arrival_s: np.ndarray  # float64 (N,)
+    prompt_tokens: np.ndarray  # int64 (N,)
+    output_tokens: np.ndarray  # int64 (N,)
+    prompt_key: np.ndarray  # uint64 (N,) stable hash of prompt_key; 0 where missing
+
+    @property
+    def size(self) -> int:
+        return int(self.prompt_tokens.shape[0])
+
+
+def hash_keys(keys: pd.Series | np.ndarray | list) -> np.ndarray:
+    """Stable 64-bit hashes of prompt keys (0 for a missing key), identical across processes."""
+    arr = pd.Series(keys, dtype=object)
+    missing = arr.isna().to_numpy()
+    hashed = pd.util.hash_array(arr.fillna("").astype(str).to_numpy(dtype=object))
+    hashed = hashed.astype(np.uint64)
+    hashed[hashed == 0] = 1
+    hashed[missing] = 0
+    return hashed
+
+
+def to_arrays(trace: pd.DataFrame) -> TraceArrays:
+    """Columns of a validated trace as contiguous arrays (keys hashed to uint64)."""
+    return TraceArrays(
+        arrival_s=np.ascontiguousarray(trace["arrival_s"].to_numpy(dtype=np.float64)),
+        prompt_tokens=np.ascontiguousarray(trace["prompt_tokens"].to_numpy(dtype=np.int64)),
+        output_tokens=np.ascontiguousarray(trace["output_tokens"].to_numpy(dtype=np.int64)),
+        prompt_key=hash_keys(trace["prompt_key"]),
+    )

@@ -1,0 +1,197 @@
+"""Projected KV loads per worker over the next ``H`` iterations (DESIGN section 5.3).
+
+A running request with workload ``W`` and survival curve ``S(h) = P(r > h)`` contributes
+``S(h) * (W + h)`` at offset ``h``. *Cutoff* mode (the paper's) uses ``S(h) = 1{h < c}`` from the
+capped expectation ``c`` (a request predicted to outlive the window, ``c >= H``, stays for good);
+*expected* mode uses the estimator's survival curve. The *refill-aware* variant adds, for each
+projected departure, a new request of a typical prompt size taking the freed slot.
+
+:class:`LoadProjection` keeps these paths between prediction refreshes: built once from the
+running requests, then adjusted as requests finish (their path is removed) or are admitted
+(they count as ``W + h`` for every ``h``, since nothing has been predicted for them yet).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def cutoff_survival(c: np.ndarray, horizon: int, length: int) -> np.ndarray:
+    """``1{h < c}`` for ``h < length``; requests with ``c >= horizon`` survive every offset."""
+    hs = np.arange(length)
+    alive = hs[None, :] < c[:, None]
+    alive[c >= horizon, :] = True
+    alive[:, 0] = True
+    return alive.astype(np.float64)
+
+
+def extend_survival(survival: np.ndarray, length: int) -> np.ndarray:
+    """Pad survival curves ``(n, H+1)`` to ``length`` columns with their last value."""
+    n, h1 = survival.shape
+    if length <= h1:
+        return survival[:, :length]
+    out = np.empty((n, length))
+    out[:, :h1] = survival
+    out[:, h1:] = survival[:, -1:]
+    return out
+
+
+def request_paths(
+    workload: np.ndarray, survival: np.ndarray, refill_prompt: float | None = None
+) -> np.ndarray:
+    """Expected KV contribution of each request at offsets ``h = 0..T-1`` (shape ``(n, T)``).
+
+    With ``refill_prompt``, the slot a request frees at offset ``d`` is refilled at once by a
+    request of that prompt size, adding ``(1 - S(h)) * s + sum_{u<h} (1 - S(u))``.
+    """
+    hs = np.arange(survival.shape[1], dtype=np.float64)
+    paths = survival * (workload[:, None].astype(np.float64) + hs[None, :])
+    if refill_prompt is not None:
+        gone = 1.0 - survival
+        grown = np.cumsum(gone, axis=1) - gone
+        paths += refill_prompt * gone + grown
+    return paths
+
+
+def cutoff_lengths(c: np.ndarray, horizon: int, length: int) -> np.ndarray:
+    """Offsets each request stays in cutoff mode: ``ceil(c)``, all ``length`` if ``c >= H``."""
+    d = np.ceil(c).astype(np.int64)
+    d[c >= horizon] = length
+    return np.clip(d, 1, length)
+
+
+class LoadProjection:
+    """Per-worker projected loads, in columns relative to the last rebuild at iteration ``k0``.
+
+    Requests are tracked by their position in the run's request table (``n_requests`` of them).
+    Two ways to rebuild: from explicit paths (any survival curves), or, much faster, from cutoff
+    lengths, where a request's path is ``W + t`` for ``t < d`` (and the refill after ``d``).
+    """
+
+    def __init__(self, workers: int, horizon: int, span: int, n_requests: int) -> None:
+        self.workers = workers
+        self.horizon = horizon
+        self.length = horizon + span + 1
+        self.k0: int | None = None
+        self.hs = np.arange(horizon + 1, dtype=np.float64)
+        self.ts = np.arange(self.length, dtype=np.float64)
+        self.row_of = np.full(n_requests, -1, dtype=np.int64)
+        self.extra_worker = np.full(n_requests, -1, dtype=np.int64)
+        self.extra_const = np.zeros(n_requests)
+        self.positions = np.zeros(0, dtype=np.int64)
+
+    def _start(self, k: int, positions: np.ndarray, workers: np.ndarray) -> None:
+        self.k0 = k
+        self.row_of[self.positions] = -1
+        self.row_of[positions] = np.arange(positions.shape[0])
+        self.positions = positions
+        self.workers_of = workers
+        live = self.extra_worker >= 0
+        if live.any():
+            self.extra_worker[live] = -1
+        self.count = np.zeros(self.workers)
+        self.const = np.zeros(self.workers)
+
+    def rebuild_paths(
+        self, k: int, positions: np.ndarray, workers: np.ndarray, paths: np.ndarray
+    ) -> None:
+        """Start over at iteration ``k`` from explicit per-request paths ``(n, length)``."""
+        self._start(k, positions, workers)
+        onehot = np.zeros((self.workers, positions.shape[0]))
+        onehot[workers, np.arange(positions.shape[0])] = 1.0
+        self.base = onehot @ paths
+        self.paths = paths
+        self.cut = None
+
+    def rebuild_cutoff(
+        self,
+        k: int,
+        positions: np.ndarray,
+        workers: np.ndarray,
+        workload: np.ndarray,
+        lengths: np.ndarray,
+        refill_prompt: float | None = None,
+    ) -> None:
+        """Start over at ``k``: request ``i`` is ``W_i + t`` for ``t < lengths[i]``, then gone
+        (or, with ``refill_prompt``, replaced by a request of that prompt admitted then)."""
+        self._start(k, positions, workers)
+        g_count, length = self.workers, self.length
+        w = workload.astype(np.float64)
+        idx = workers * (length + 1) + lengths
+        size = g_count * (length + 1)
+        ended = np.cumsum(np.bincount(idx, minlength=size).reshape(g_count, length + 1), axis=1)
+        ended_w = np.cumsum(
+            np.bincount(idx, weights=w, minlength=size).reshape(g_count, length + 1), axis=1
+        )
+        total = ended[:, -1:]
+        total_w = ended_w[:, -1:]
+        alive = (total - ended)[:, :length]
+        alive_w = (total_w - ended_w)[:, :length]
+        base = alive_w + alive * self.ts[None, :]
+        if refill_prompt is not None:
+            gone = (
+                ended[:, :length]
+                - np.bincount(workers * (length + 1) + length, minlength=size).reshape(
+                    g_count, length + 1
+                )[:, :length]
+            )
+            gone_d = np.cumsum(
+                np.bincount(idx, weights=lengths.astype(np.float64), minlength=size).reshape(
+                    g_count, length + 1
+                ),
+                axis=1,
+            )[:, :length]
+            base += gone * (refill_prompt + self.ts[None, :]) - gone_d
+        self.base = base
+        self.paths = None
+        self.cut = (w, lengths, refill_prompt)
+
+    def add(self, position: int, worker: int, prompt: float, k: int) -> None:
+        """A request admitted at iteration ``k``: workload ``prompt + (t - k)`` at every ``t``."""
+        const = float(prompt) - (k - self.k0)
+        self.extra_worker[position] = worker
+        self.extra_const[position] = const
+        self.count[worker] += 1.0
+        self.const[worker] += const
+
+    def remove(self, positions: np.ndarray) -> None:
+        """Requests that finished: their projected paths leave their workers."""
+        rows = self.row_of[positions]
+        hit = rows >= 0
+        if hit.any():
+            rows = rows[hit]
+            self.row_of[positions[hit]] = -1
+            gs = self.workers_of[rows]
+            if self.paths is not None:
+                np.subtract.at(self.base, gs, self.paths[rows])
+            else:
+                self._remove_cutoff(rows, gs)
+        if not hit.all():
+            rest = positions[~hit]
+            ws = self.extra_worker[rest]
+            mine = ws >= 0
+            if mine.any():
+                rest, ws = rest[mine], ws[mine]
+                np.subtract.at(self.count, ws, 1.0)
+                np.subtract.at(self.const, ws, self.extra_const[rest])
+                self.extra_worker[rest] = -1
+
+    def _remove_cutoff(self, rows: np.ndarray, gs: np.ndarray) -> None:
+        w, lengths, refill = self.cut
+        ts = self.ts
+        for r, g in zip(rows.tolist(), gs.tolist(), strict=True):
+            d = int(lengths[r])
+            self.base[g, :d] -= w[r] + ts[:d]
+            if refill is not None and d < self.length:
+                self.base[g, d:] -= refill + ts[d:] - d
+
+    def view(self, k: int, observed: np.ndarray) -> np.ndarray:
+        """Projected loads ``(G, H+1)`` at offsets ``h = 0..H`` from iteration ``k``.
+
+        Column 0 is the observed load: a request known to be alive never counts as gone.
+        """
+        j = k - self.k0
+        out = self.base[:, j : j + self.horizon + 1].copy()
+        out += self.const[:, None] + self.count[:, None] * (j + self.hs)[None, :]
+        out[:, 0] = observed
+        return out

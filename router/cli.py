@@ -1,0 +1,207 @@
+"""``balanceroute simulate`` (and the router's other subcommands)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from features.errors import UserError
+from router.balance_route import BalanceRouteConfig
+from router.cost import COST_PRESETS, CostModel, cost_preset
+from router.prefill import PrefillConfig
+
+DEFAULT_TRAIN_FRACTION = 0.3
+
+
+def add_workload_args(p: argparse.ArgumentParser) -> None:
+    """``--trace FILE | --preset NAME`` and friends, shared by every replaying command."""
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--trace", help="trace file (Azure, Mooncake, BurstGPT or canonical)")
+    src.add_argument("--preset", help="synthetic preset (default paper-prod when no trace)")
+    p.add_argument("--requests", type=int, help="use the first N requests (synthetic: N)")
+    p.add_argument("--format", default="auto", help="force the trace format")
+    p.add_argument("--key-blocks", type=int, default=2, help="Mooncake key: first K hash ids")
+
+
+def add_tier_args(p: argparse.ArgumentParser) -> None:
+    """Decode tier, prefill tier, arrival scaling and cost model."""
+    p.add_argument("--slots", type=int, default=64, help="B: slots per worker (max_num_seqs)")
+    load = p.add_mutually_exclusive_group()
+    load.add_argument("--rate-scale", type=float, default=1.0, help="arrivals X times faster")
+    load.add_argument(
+        "--load", type=float, help="arrivals at X times the estimated decode capacity"
+    )
+    load.add_argument("--saturate", action="store_true", help="release everything at t=0")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cost", default="paper-dsv3", choices=sorted(COST_PRESETS))
+    p.add_argument("--t-fixed", type=float, help="override the preset's fixed step time (s)")
+    p.add_argument("--t-token", type=float, help="override the preset's time per KV token (s)")
+    p.add_argument("--prefill-instances", type=int, default=4, help="prefill instances P")
+
+
+def add_router_option_args(p: argparse.ArgumentParser) -> None:
+    """One flag per BalanceRoute knob, generated from the configuration dataclass."""
+    g = p.add_argument_group("BalanceRoute options (br0, brh)")
+    for f in dataclasses.fields(BalanceRouteConfig):
+        flag = "--" + f.name.replace("_", "-")
+        help_ = f.metadata.get("help", "")
+        if f.type in ("bool",) or isinstance(f.default, bool):
+            g.add_argument(flag, dest=f"br_{f.name}", action=argparse.BooleanOptionalAction,
+                           default=None, help=help_)
+            continue
+        kind = {"horizon": int, "r_max": int, "s_greedy": int, "window": int, "refresh": int,
+                "max_overtake": int, "max_wait_iters": int, "projection": str,
+                "penalty": str}.get(f.name, float)
+        g.add_argument(flag, dest=f"br_{f.name}", type=_optional(kind), default=None,
+                       help=f"{help_} ('none' to disable)")
+
+
+def _optional(kind):
+    def parse(text: str):
+        if text.lower() == "none":
+            return "none"
+        try:
+            return kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}") from None
+
+    return parse
+
+
+def router_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The BalanceRoute options the user set explicitly ('none' means None)."""
+    out = {}
+    for f in dataclasses.fields(BalanceRouteConfig):
+        value = getattr(args, f"br_{f.name}", None)
+        if value is None:
+            continue
+        out[f.name] = None if value == "none" else value
+    return out
+
+
+def cost_from_args(args: argparse.Namespace) -> CostModel:
+    base = cost_preset(args.cost)
+    return dataclasses.replace(
+        base,
+        t_fixed_s=base.t_fixed_s if args.t_fixed is None else args.t_fixed,
+        t_token_s=base.t_token_s if args.t_token is None else args.t_token,
+    )
+
+
+def prefill_from_args(args: argparse.Namespace) -> PrefillConfig:
+    return PrefillConfig(
+        instances=args.prefill_instances,
+        rate_scale=args.rate_scale if args.load is None else 1.0,
+        saturate=args.saturate,
+    )
+
+
+def write_json(path: Path, payload: dict) -> None:
+    """Write JSON atomically (temp file, then rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2, default=_jsonable) + "\n")
+    tmp.replace(path)
+
+
+def _jsonable(obj: Any) -> Any:
+    if hasattr(obj, "item"):
+        return obj.item()
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    return str(obj)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from features.workload import load_workload
+    from router.records import write_records
+    from router.runner import TRAINING_FREE, ReplaySpec, build_estimator, replay
+    from router.runner import split_for_training
+
+    if args.workers < 1 or args.slots < 1:
+        raise UserError("--workers and --slots must be at least 1")
+    frame, source = load_workload(
+        trace=args.trace, preset=args.preset, requests=args.requests, seed=args.seed,
+        format=args.format, key_blocks=args.key_blocks,
+    )
+    predictor = args.predictor
+    if args.router == "brh" and predictor is None:
+        predictor = "none"
+    spec = ReplaySpec(
+        router=args.router,
+        predictor=predictor,
+        model_uri=args.model_uri,
+        router_options=router_options(args),
+        workers=args.workers,
+        slots=args.slots,
+        seed=args.seed,
+        cost=cost_from_args(args),
+        prefill=prefill_from_args(args),
+        load=args.load,
+    )
+    estimator = None
+    history = None
+    trained_on = None
+    if predictor is not None:
+        if predictor not in TRAINING_FREE and args.model_uri is None:
+            history, frame = split_for_training(frame, args.train_fraction)
+            trained_on = {"requests": len(history), "fraction": args.train_fraction}
+            print(f"training '{predictor}' on the first {len(history)} requests; replaying "
+                  f"the remaining {len(frame)}", file=sys.stderr)
+        horizon = spec.router_options.get("horizon", spec.horizon)
+        estimator = build_estimator(predictor, replay=frame, history=history,
+                                    horizon=max(1, horizon), model_uri=args.model_uri)
+    if args.predictor_url:
+        from serving.client import RemoteEstimator
+
+        estimator = RemoteEstimator(args.predictor_url, fallback=estimator,
+                                    timeout_s=args.predictor_timeout)
+    result, summary = replay(frame, spec, estimator=estimator, progress=sys.stderr.isatty())
+    summary["config"]["workload"] = source
+    summary["config"]["trained_on"] = trained_on
+    if args.predictor_url:
+        summary.update(estimator.stats())
+        summary["config"]["predictor_url"] = args.predictor_url
+    out = Path(args.out)
+    write_records(result, out)
+    write_json(out / "summary.json", summary)
+    keys = ("mean_imbalance", "steady_mean_imbalance", "throughput_tok_s", "tpot_p95_ms",
+            "queue_delay_p99_s", "router_step_us_p50", "iterations", "sim_wall_s")
+    for key in keys:
+        value = summary[key]
+        print(f"{key:>24}: {value:,.3f}" if isinstance(value, float) else f"{key:>24}: {value}")
+    print(f"wrote {out / 'summary.json'}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from router.policy import policy_names
+
+    p = sub.add_parser(
+        "simulate",
+        help="replay a trace through one router on a simulated decode tier",
+        description="Replay requests through a router on G decode workers with B slots each and "
+        "write DIR/summary.json (metrics and the resolved configuration), "
+        "DIR/iterations.parquet (per-iteration loads) and DIR/requests.parquet (timings).",
+    )
+    add_workload_args(p)
+    p.add_argument("--router", default="count-jsq", choices=policy_names())
+    p.add_argument("--predictor", help="completion estimator for brh (none, oracle, survival, "
+                   "exactmatch, gbdt); default none")
+    p.add_argument("--model-uri", help="load the predictor from MLflow (e.g. "
+                   "models:/completion-predictor@gbdt) instead of training it")
+    p.add_argument("--train-fraction", type=float, default=DEFAULT_TRAIN_FRACTION,
+                   help="learned predictors without --model-uri train on this earlier share "
+                   "of the trace and the rest is replayed")
+    p.add_argument("--predictor-url", help="get predictions from a running balanceroute serve")
+    p.add_argument("--predictor-timeout", type=float, default=0.02,
+                   help="seconds before a remote prediction falls back locally")
+    p.add_argument("--workers", type=int, default=8, help="G: workers in the group")
+    add_tier_args(p)
+    add_router_option_args(p)
+    p.add_argument("--out", required=True, help="output folder")
+    p.set_defaults(func=cmd_simulate)

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Runs the whole test suite in the project's own virtual environment (bootstrapped on first use).
+# Extra arguments go to pytest, e.g. scripts/test.sh -k simulator -x
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$ROOT/scripts/bootstrap.sh"
+cd "$ROOT"
+ruff check --quiet .
+exec python -m pytest -q "$@"

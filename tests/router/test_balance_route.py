@@ -1,0 +1,180 @@
+"""BR-0 / BR-H decisions on hand-built states: guard, KV capacity, stages, projections."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from predict.oracle import OracleEstimator
+from predict.projection import (
+    LoadProjection,
+    cutoff_lengths,
+    cutoff_survival,
+    request_paths,
+)
+from router.balance_route import BalanceRouteConfig, BR0Policy, BRHPolicy, _ProjectedMargins
+from router.policy import RunContext
+from router.simulator import SimConfig, simulate
+from router.state import ArrayPool, RequestTable, RouterState, RunningRequests
+from tests.router.helpers import frame, released
+
+
+def make_state(loads, free, pool_prompts, overtaken=None, iteration=0):
+    n = len(pool_prompts)
+    table = RequestTable(
+        prompt_tokens=np.asarray(pool_prompts, dtype=np.int64),
+        prompt_key=np.zeros(n, dtype=np.uint64),
+        trace_index=np.arange(n),
+    )
+    empty = np.zeros(0, dtype=np.int64)
+    return RouterState(
+        iteration=iteration,
+        time_s=0.0,
+        loads=np.asarray(loads, dtype=float),
+        free_slots=np.asarray(free, dtype=np.int64),
+        active=np.zeros(len(loads), dtype=np.int64),
+        pool=ArrayPool(np.arange(n), overtaken=overtaken),
+        requests=table,
+        running_source=lambda: RunningRequests(empty, empty, empty, empty, empty),
+    ), table
+
+
+def decide(policy, state, table):
+    policy.reset(RunContext(len(state.loads), 4, table))
+    adm = policy.route(state)
+    return list(zip(adm.positions.tolist(), adm.workers.tolist(), strict=True))
+
+
+def test_br0_fills_the_gap_with_the_request_that_fits():
+    # worker 0 is 1,000 tokens below the max: the 900-token request fits, 5,000 overflows
+    state, table = make_state([0, 1000], [1, 0], [5000, 900, 10])
+    assert decide(BR0Policy(), state, table) == [(1, 0)]
+
+
+def test_br0_single_fallback_when_no_subset_scores_positive():
+    # worker 0 is the max (margin 0): every choice overflows; the smallest overflow wins
+    state, table = make_state([1000, 0], [1, 0], [500, 40, 300])
+    assert decide(BR0Policy(), state, table) == [(1, 0)]
+
+
+def test_stage2_admits_a_subset_that_fills_the_margin():
+    # worker 0 has 2 slots and 1,000 tokens of margin: {600, 400} fills it exactly
+    state, table = make_state([0, 1000], [2, 0], [600, 2000, 400, 3000])
+    got = decide(BR0Policy(s_greedy=2), state, table)
+    assert sorted(got) == [(0, 0), (2, 0)]
+
+
+def test_guard_admits_an_overdue_request_first():
+    state, table = make_state([0, 1000], [1, 0], [5000, 900], overtaken=[5, 0])
+    assert decide(BR0Policy(max_overtake=5), state, table) == [(0, 0)]
+    state, table = make_state([0, 1000], [1, 0], [5000, 900], overtaken=[4, 0])
+    assert decide(BR0Policy(max_overtake=5), state, table) == [(1, 0)]
+
+
+def test_kv_capacity_holds_back_what_does_not_fit():
+    state, table = make_state([900, 0], [1, 1], [300, 200])
+    # worker 0 can take at most 100 more tokens; worker 1 can take 1,000
+    got = decide(BR0Policy(kv_capacity=1000, s_greedy=0), state, table)
+    assert all(w == 1 for _, w in got) and len(got) == 1
+    policy = BRHPolicy(kv_capacity=1000, horizon=3, s_greedy=0)
+    got = decide(policy, state, table)
+    assert all(w == 1 for _, w in got)
+
+
+class _VectorBR0(BR0Policy):
+    """BR-0 forced through the numpy horizon backend, to check it against the scalar one."""
+
+    name = "br0-vector"
+
+    def _margins(self, state):
+        return _ProjectedMargins(self, state.loads[:, None].copy())
+
+
+@pytest.mark.parametrize("opts", [{}, {"s_greedy": 0, "window": 5}, {"max_overtake": 3}])
+def test_scalar_and_vector_backends_agree(opts):
+    rng = np.random.default_rng(11)
+    prompts, outputs = rng.integers(1, 4000, 400), rng.integers(1, 60, 400)
+    rq = released(prompts, outputs)
+    cfg = SimConfig(workers=4, slots=6)
+    a = simulate(rq, BR0Policy(**opts), cfg)
+    b = simulate(rq, _VectorBR0(**opts), cfg)
+    np.testing.assert_array_equal(a.worker, b.worker)
+    np.testing.assert_array_equal(a.admit_iter, b.admit_iter)
+
+
+def test_brh_with_none_at_horizon_zero_is_br0():
+    rng = np.random.default_rng(5)
+    rq = released(rng.integers(1, 4000, 300), rng.integers(1, 60, 300))
+    cfg = SimConfig(workers=3, slots=5)
+    a = simulate(rq, BR0Policy(), cfg)
+    b = simulate(rq, BRHPolicy(horizon=0, beta=None), cfg)
+    np.testing.assert_array_equal(a.worker, b.worker)
+
+
+def test_projection_shifts_between_refreshes():
+    # predicted at k0 = 10 (H = 6): request 0 leaves after 5 offsets, request 1 (c = H) never
+    proj = LoadProjection(1, 6, 3, 2)
+    lengths = cutoff_lengths(np.array([5.0, 6.0]), 6, proj.length)
+    proj.rebuild_cutoff(10, np.array([0, 1]), np.array([0, 0]), np.array([100, 7]), lengths)
+    # two iterations later: request 0 (now 102) has 3 offsets left, request 1 (now 9) stays
+    view = proj.view(12, np.array([111.0]))
+    np.testing.assert_allclose(view[0], [111, 103 + 10, 104 + 11, 12, 13, 14, 15])
+
+
+def test_oracle_brh_beats_none_at_the_paper_defaults():
+    rng = np.random.default_rng(8)
+    prompts, outputs = rng.integers(100, 3000, 800), rng.integers(1, 400, 800)
+    fr = frame(prompts, outputs)
+    rq = released(prompts, outputs)
+    cfg = SimConfig(workers=4, slots=8)
+    opts = {"horizon": 80, "gamma": 0.64, "beta": 14.67}
+    with_oracle = simulate(rq, BRHPolicy(estimator=OracleEstimator().fit(fr), **opts), cfg)
+    without = simulate(rq, BRHPolicy(**opts), cfg)
+    steady = with_oracle.waiting > 0
+    assert with_oracle.imbalance[steady].mean() < without.imbalance[without.waiting > 0].mean()
+
+
+@pytest.mark.parametrize("refill", [None, 700.0])
+def test_cutoff_projection_fast_path_equals_explicit_paths(refill):
+    rng = np.random.default_rng(2)
+    n, g, horizon, span = 40, 3, 10, 4
+    workers = rng.integers(0, g, n)
+    workload = rng.integers(1, 5000, n)
+    c = rng.uniform(1, horizon, n)
+    c[:5] = horizon
+    length = horizon + span + 1
+    fast = LoadProjection(g, horizon, span, n)
+    fast.rebuild_cutoff(10, np.arange(n), workers, workload,
+                        cutoff_lengths(c, horizon, length), refill)
+    slow = LoadProjection(g, horizon, span, n)
+    paths = request_paths(workload, cutoff_survival(c, horizon, length), refill)
+    slow.rebuild_paths(10, np.arange(n), workers, paths)
+    np.testing.assert_allclose(fast.base, slow.base)
+    gone = np.array([0, 3, 17, 39])
+    fast.remove(gone)
+    slow.remove(gone)
+    np.testing.assert_allclose(fast.base, slow.base, atol=1e-6)
+    expect = np.zeros((g, length))
+    keep = np.setdiff1d(np.arange(n), gone)
+    np.add.at(expect, workers[keep], paths[keep])
+    np.testing.assert_allclose(fast.base, expect, atol=1e-6)
+
+
+def test_projection_view_counts_new_admissions_as_growing():
+    proj = LoadProjection(2, 3, 2, 10)
+    proj.rebuild_cutoff(5, np.array([0]), np.array([0]), np.array([100]), np.array([2]))
+    proj.add(1, 1, 50.0, 6)
+    view = proj.view(6, np.array([101.0, 50.0]))
+    # request 0 (W=100 at k=5, 2 offsets) is 101 at h=0 then gone; request 1 grows from 50
+    np.testing.assert_allclose(view, [[101, 0, 0, 0], [50, 51, 52, 53]])
+    proj.remove(np.array([1]))
+    np.testing.assert_allclose(proj.view(6, np.array([101.0, 0.0]))[1], [0, 0, 0, 0])
+
+
+def test_config_rejects_bad_values_and_unknown_options():
+    from features.errors import UserError
+
+    with pytest.raises(UserError, match="gamma"):
+        BalanceRouteConfig(gamma=1.5)
+    with pytest.raises(UserError, match="unknown brh option"):
+        BRHPolicy(bogus=1)

@@ -31,14 +31,9 @@ from predict.projection import (
     extend_survival,
     request_paths,
 )
+from router.kernels import FALLBACK, GUARD, STAGE1, STAGE2, br_step
 from router.policy import Policy, RunContext, register
-from router.scoring import (
-    best_subset,
-    discount_weights,
-    horizon_score,
-    horizon_score_all,
-    subset_members,
-)
+from router.scoring import discount_weights
 from router.state import Admissions, RouterState
 
 PROJECTIONS = ("cutoff", "expected")
@@ -141,8 +136,8 @@ class BalanceRoutePolicy(Policy):
                 f"ahead but the router looks {cfg.horizon} ahead"
             )
         self.projection = LoadProjection(g, cfg.horizon, cfg.refresh, ctx.requests.size)
-        self.stats = {"guard_admissions": 0, "refreshes": 0, "stage1_admissions": 0,
-                      "stage2_admissions": 0, "fallback_singles": 0}
+        self.counters = np.zeros(4, dtype=np.int64)
+        self.refreshes = 0
 
     def on_complete(self, positions, output_tokens, finish_s, iteration) -> None:
         if self.config.horizon > 0 and self.projection.k0 is not None:
@@ -159,7 +154,14 @@ class BalanceRoutePolicy(Policy):
             )
 
     def run_stats(self) -> dict[str, Any]:
-        return dict(self.stats)
+        c = self.counters.tolist()
+        return {
+            "guard_admissions": c[GUARD],
+            "stage1_admissions": c[STAGE1],
+            "stage2_admissions": c[STAGE2],
+            "fallback_singles": c[FALLBACK],
+            "prediction_refreshes": self.refreshes,
+        }
 
     def describe(self) -> dict[str, Any]:
         out = {"name": self.name, **self.config.as_dict()}
@@ -169,6 +171,7 @@ class BalanceRoutePolicy(Policy):
 
     # ---- projection ------------------------------------------------------------------------
     def _projected_loads(self, state: RouterState) -> np.ndarray:
+        """Loads ``(G, H+1)`` the step scores against (a fresh array the kernel may update)."""
         cfg = self.config
         if cfg.horizon == 0:
             return state.loads[:, None].copy()
@@ -203,7 +206,7 @@ class BalanceRoutePolicy(Policy):
             proj.rebuild_cutoff(
                 state.iteration, run.position, run.worker, run.workload, lengths, refill
             )
-        self.stats["refreshes"] += 1
+        self.refreshes += 1
 
     def _typical_prompt(self, state: RouterState) -> float:
         head = state.pool.head(64)
@@ -217,271 +220,45 @@ class BalanceRoutePolicy(Policy):
         if due == 0:
             return Admissions.empty()
         cfg = self.config
-        step = _Step(self, state, self._margins(state), due)
-        step.admit_overdue()
-        while step.remaining and step.total_free > self.s_greedy:
-            if not step.stage1():
-                break
-        while step.remaining:
-            if not step.stage2_pass():
-                break
-        if cfg.horizon > 0:
-            prompts = state.requests.prompt_tokens
-            for p, g in zip(step.out_pos, step.out_wk, strict=True):
-                self.projection.add(p, g, float(prompts[p]), state.iteration)
-        return Admissions(
-            np.asarray(step.out_pos, dtype=np.int64), np.asarray(step.out_wk, dtype=np.int64)
-        )
-
-
-    def _margins(self, state: RouterState) -> _Margins:
-        """Scalar margins at ``H = 0`` (plain floats are faster there), else projected rows."""
-        if self.config.horizon == 0:
-            return _CurrentMargins(self, state.loads.tolist())
-        return _ProjectedMargins(self, self._projected_loads(state))
-
-
-class _Margins:
-    """Scores against per-worker margins; one backend per horizon kind, same stage logic."""
-
-    def load_now(self, g: int) -> float:
-        raise NotImplementedError  # pragma: no cover - interface
-
-    def min_margins(self, workers: list[int]) -> list[float]:
-        raise NotImplementedError  # pragma: no cover - interface
-
-    def scores(self, g: int, b: list[float]) -> list[float]:
-        raise NotImplementedError  # pragma: no cover - interface
-
-    def scores_all(self, b: float, workers: list[int]) -> list[float]:
-        raise NotImplementedError  # pragma: no cover - interface
-
-    def subset(self, g: int, prompts: list[float], size: int) -> tuple[list[int], float]:
-        raise NotImplementedError  # pragma: no cover - interface
-
-    def add(self, g: int, total: float, count: int) -> None:
-        raise NotImplementedError  # pragma: no cover - interface
-
-    def room(self, g: int, count: int) -> float:
-        """Largest total prompt ``count`` new requests may add to ``g`` (KV capacity)."""
-        raise NotImplementedError  # pragma: no cover - interface
-
-
-class _CurrentMargins(_Margins):
-    """``H = 0``: margins are scalars ``max_g L_g - L_g``; plain floats beat numpy here."""
-
-    def __init__(self, policy: BalanceRoutePolicy, loads: list[float]) -> None:
-        self.loads = loads
-        self.top = max(loads)
-        self.beta = policy.beta
-        self.capacity = policy.config.kv_capacity
-
-    def load_now(self, g: int) -> float:
-        return self.loads[g]
-
-    def min_margins(self, workers: list[int]) -> list[float]:
-        return [self.top - self.loads[g] for g in workers]
-
-    def scores(self, g: int, b: list[float]) -> list[float]:
-        m, beta = self.top - self.loads[g], self.beta
-        return [x - beta * (x - m if x > m else 0.0) for x in b]
-
-    def scores_all(self, b: float, workers: list[int]) -> list[float]:
-        top, beta, loads = self.top, self.beta, self.loads
-        return [b - beta * max(0.0, b - (top - loads[g])) for g in workers]
-
-    def subset(self, g: int, prompts: list[float], size: int) -> tuple[list[int], float]:
-        m, beta = self.top - self.loads[g], self.beta
-        room = self.room(g, 1)
-        best, best_score = [], -np.inf
-        for members in subset_members(len(prompts)):
-            if len(members) > size:
-                continue
-            b = 0.0
-            for i in members:
-                b += prompts[i]
-            if b > room:
-                continue
-            score = b - beta * (b - m if b > m else 0.0)
-            if score > best_score:
-                best, best_score = members, score
-        return list(best), best_score
-
-    def add(self, g: int, total: float, count: int) -> None:
-        self.loads[g] += total
-        if self.loads[g] > self.top:
-            self.top = self.loads[g]
-
-    def room(self, g: int, count: int) -> float:
-        return np.inf if self.capacity is None else self.capacity - self.loads[g]
-
-
-class _ProjectedMargins(_Margins):
-    """``H > 0``: margins ``m_{g,h}`` over the horizon, as ``(G, H+1)`` numpy rows."""
-
-    def __init__(self, policy: BalanceRoutePolicy, loads: np.ndarray) -> None:
-        self.loads = loads
-        self.top = loads.max(axis=0)
-        self.beta = policy.beta
-        self.weights = policy.weights
-        self.total_weight = float(policy.weights.sum())
-        self.hs = policy.hs
-        self.penalty = policy.config.penalty
-        self.capacity = policy.config.kv_capacity
-
-    def load_now(self, g: int) -> float:
-        return float(self.loads[g, 0])
-
-    def min_margins(self, workers: list[int]) -> list[float]:
-        return (self.top[None, :] - self.loads[workers]).min(axis=1).tolist()
-
-    def scores(self, g: int, b: list[float]) -> list[float]:
-        return horizon_score(
-            np.asarray(b), self.top - self.loads[g], self.weights, self.beta, self.penalty
-        ).tolist()
-
-    def scores_all(self, b: float, workers: list[int]) -> list[float]:
-        margins = self.top[None, :] - self.loads[workers]
-        return horizon_score_all(b, margins, self.weights, self.beta, self.penalty).tolist()
-
-    def subset(self, g: int, prompts: list[float], size: int) -> tuple[list[int], float]:
-        slack = None
-        if self.capacity is not None:
-            slack = np.array([self.room(g, q) for q in range(size + 1)])
-        chosen, score = best_subset(
-            np.asarray(prompts), self.top - self.loads[g], self.weights, self.beta, size,
-            self.penalty, slack,
-        )
-        return chosen.tolist(), score
-
-    def add(self, g: int, total: float, count: int) -> None:
-        row = self.loads[g]
-        row += total
-        if count:
-            row += count * self.hs
-        np.maximum(self.top, row, out=self.top)
-
-    def room(self, g: int, count: int) -> float:
-        if self.capacity is None:
-            return np.inf
-        return float((self.capacity - self.loads[g] - count * self.hs).min())
-
-
-class _Step:
-    """One routing step: the stage logic over a margins backend, free slots and candidates."""
-
-    def __init__(
-        self, policy: BalanceRoutePolicy, state: RouterState, margins: _Margins, due: int
-    ) -> None:
-        cfg = policy.config
-        self.policy = policy
-        self.cfg = cfg
-        self.state = state
-        self.m = margins
-        self.free = state.free_slots.tolist()
-        self.total_free = sum(self.free)
-        self.remaining = due
+        loads = self._projected_loads(state)
         cand = state.pool.head(due + max(cfg.window, cfg.r_max))
-        self.cand = cand
-        self.prompts = state.requests.prompt_tokens[cand].tolist()
-        self.avail = list(range(len(self.prompts)))  # indices into cand, in pool order
-        self.blocked: set[int] = set()  # workers where nothing fits under the KV capacity
-        self.out_pos: list[int] = []
-        self.out_wk: list[int] = []
-        self.stats = policy.stats
+        prompts = state.requests.prompt_tokens[cand].astype(np.float64)
+        idx, workers = br_step(
+            loads,
+            state.free_slots.copy(),
+            prompts,
+            self._overdue(state, cand),
+            self.weights,
+            self.beta,
+            cfg.penalty == "max",
+            np.inf if cfg.kv_capacity is None else float(cfg.kv_capacity),
+            self.s_greedy,
+            cfg.window,
+            cfg.r_max,
+            due,
+            self.counters,
+        )
+        positions = cand[idx]
+        if cfg.horizon > 0:
+            k = state.iteration
+            add = self.projection.add
+            for p, g, b in zip(
+                positions.tolist(), workers.tolist(), prompts[idx].tolist(), strict=True
+            ):
+                add(p, g, b, k)
+        return Admissions(positions, workers)
 
-    def admit(self, idxs: list[int], g: int) -> None:
-        total = 0.0
-        for i in idxs:
-            self.avail.remove(i)
-            self.out_pos.append(int(self.cand[i]))
-            self.out_wk.append(g)
-            total += self.prompts[i]
-        self.m.add(g, total, len(idxs))
-        self.free[g] -= len(idxs)
-        self.total_free -= len(idxs)
-        self.remaining -= len(idxs)
-
-    def open_workers(self) -> list[int]:
-        blocked = self.blocked
-        return [g for g, c in enumerate(self.free) if c > 0 and g not in blocked]
-
-    def admit_overdue(self) -> None:
-        """The fairness guard: overdue requests go first, each where it scores best."""
-        cfg, pool = self.cfg, self.state.pool
-        checks = []
+    def _overdue(self, state: RouterState, cand: np.ndarray) -> np.ndarray:
+        """The fairness guard: candidates overtaken too often or waiting too long."""
+        cfg, pool = self.config, state.pool
+        out = np.zeros(cand.shape[0], dtype=np.bool_)
         if cfg.max_overtake is not None:
-            checks.append(pool.overtaken(self.cand) >= cfg.max_overtake)
+            out |= pool.overtaken(cand) >= cfg.max_overtake
         if cfg.max_wait_iters is not None:
-            checks.append(pool.waited_iterations(self.cand) >= cfg.max_wait_iters)
+            out |= pool.waited_iterations(cand) >= cfg.max_wait_iters
         if cfg.max_wait_s is not None:
-            checks.append(pool.waited_seconds(self.cand) >= cfg.max_wait_s)
-        if not checks:
-            return
-        overdue = np.flatnonzero(np.logical_or.reduce(checks)).tolist()
-        for i in overdue:
-            open_ = self.open_workers()
-            if not self.remaining or not open_:
-                return
-            b = self.prompts[i]
-            scores = self.m.scores_all(b, open_)
-            fits = [s if self.m.room(g, 1) >= b else -np.inf for g, s in zip(open_, scores,
-                                                                              strict=True)]
-            j = max(range(len(open_)), key=fits.__getitem__)
-            if fits[j] == -np.inf:
-                continue
-            self.admit([i], open_[j])
-            self.stats["guard_admissions"] += 1
-
-    def stage1(self) -> bool:
-        """The worker with the most free slots takes the best single request of the window."""
-        open_ = self.open_workers()
-        if not open_ or not self.avail:
-            return False
-        free, m = self.free, self.m
-        g = min(open_, key=lambda w: (-free[w], m.load_now(w)))
-        window = self.avail[: self.cfg.window]
-        b = [self.prompts[i] for i in window]
-        scores = m.scores(g, b)
-        room = m.room(g, 1)
-        best, best_score = -1, -np.inf
-        for j, (x, s) in enumerate(zip(b, scores, strict=True)):
-            if s > best_score and x <= room:
-                best, best_score = j, s
-        if best < 0:
-            self.blocked.add(g)
-            return True
-        self.admit([window[best]], g)
-        self.stats["stage1_admissions"] += 1
-        return True
-
-    def stage2_pass(self) -> bool:
-        """Workers in descending (free, min margin) take their best subset of the head."""
-        visited: set[int] = set()
-        progressed = False
-        free, m = self.free, self.m
-        while self.remaining and self.avail:
-            open_ = [g for g in self.open_workers() if g not in visited]
-            if not open_:
-                break
-            q = m.min_margins(open_)
-            j = max(range(len(open_)), key=lambda i: (free[open_[i]], q[i], -i))
-            g = open_[j]
-            visited.add(g)
-            window = self.avail[: self.cfg.r_max]
-            prompts = [self.prompts[i] for i in window]
-            size = min(free[g], self.remaining)
-            chosen, score = m.subset(g, prompts, size)
-            if not chosen:
-                self.blocked.add(g)
-                continue
-            if score <= 0 and len(chosen) > 1:
-                chosen, _ = m.subset(g, prompts, 1)
-                self.stats["fallback_singles"] += 1
-            self.admit([window[c] for c in chosen], g)
-            self.stats["stage2_admissions"] += len(chosen)
-            progressed = True
-        return progressed
+            out |= pool.waited_seconds(cand) >= cfg.max_wait_s
+        return out
 
 
 @register

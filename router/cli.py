@@ -50,14 +50,32 @@ def add_router_option_args(p: argparse.ArgumentParser) -> None:
         flag = "--" + f.name.replace("_", "-")
         help_ = f.metadata.get("help", "")
         if f.type in ("bool",) or isinstance(f.default, bool):
-            g.add_argument(flag, dest=f"br_{f.name}", action=argparse.BooleanOptionalAction,
-                           default=None, help=help_)
+            g.add_argument(
+                flag,
+                dest=f"br_{f.name}",
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=help_,
+            )
             continue
-        kind = {"horizon": int, "r_max": int, "s_greedy": int, "window": int, "refresh": int,
-                "max_overtake": int, "max_wait_iters": int, "projection": str,
-                "penalty": str}.get(f.name, float)
-        g.add_argument(flag, dest=f"br_{f.name}", type=_optional(kind), default=None,
-                       help=f"{help_} ('none' to disable)")
+        kind = {
+            "horizon": int,
+            "r_max": int,
+            "s_greedy": int,
+            "window": int,
+            "refresh": int,
+            "max_overtake": int,
+            "max_wait_iters": int,
+            "projection": str,
+            "penalty": str,
+        }.get(f.name, float)
+        g.add_argument(
+            flag,
+            dest=f"br_{f.name}",
+            type=_optional(kind),
+            default=None,
+            help=f"{help_} ('none' to disable)",
+        )
 
 
 def _optional(kind):
@@ -119,14 +137,17 @@ def _jsonable(obj: Any) -> Any:
 def cmd_simulate(args: argparse.Namespace) -> int:
     from features.workload import load_workload
     from router.records import write_records
-    from router.runner import TRAINING_FREE, ReplaySpec, build_estimator, replay
-    from router.runner import split_for_training
+    from router.runner import TRAINING_FREE, ReplaySpec, build_estimator, replay, split_for_training
 
     if args.workers < 1 or args.slots < 1:
         raise UserError("--workers and --slots must be at least 1")
     frame, source = load_workload(
-        trace=args.trace, preset=args.preset, requests=args.requests, seed=args.seed,
-        format=args.format, key_blocks=args.key_blocks,
+        trace=args.trace,
+        preset=args.preset,
+        requests=args.requests,
+        seed=args.seed,
+        format=args.format,
+        key_blocks=args.key_blocks,
     )
     predictor = args.predictor
     if args.router == "brh" and predictor is None:
@@ -150,16 +171,25 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         if predictor not in TRAINING_FREE and args.model_uri is None:
             history, frame = split_for_training(frame, args.train_fraction)
             trained_on = {"requests": len(history), "fraction": args.train_fraction}
-            print(f"training '{predictor}' on the first {len(history)} requests; replaying "
-                  f"the remaining {len(frame)}", file=sys.stderr)
+            print(
+                f"training '{predictor}' on the first {len(history)} requests; replaying "
+                f"the remaining {len(frame)}",
+                file=sys.stderr,
+            )
         horizon = spec.router_options.get("horizon", spec.horizon)
-        estimator = build_estimator(predictor, replay=frame, history=history,
-                                    horizon=max(1, horizon), model_uri=args.model_uri)
+        estimator = build_estimator(
+            predictor,
+            replay=frame,
+            history=history,
+            horizon=max(1, horizon),
+            model_uri=args.model_uri,
+        )
     if args.predictor_url:
         from serving.client import RemoteEstimator
 
-        estimator = RemoteEstimator(args.predictor_url, fallback=estimator,
-                                    timeout_s=args.predictor_timeout)
+        estimator = RemoteEstimator(
+            args.predictor_url, fallback=estimator, timeout_s=args.predictor_timeout
+        )
     result, summary = replay(frame, spec, estimator=estimator, progress=sys.stderr.isatty())
     summary["config"]["workload"] = source
     summary["config"]["trained_on"] = trained_on
@@ -169,8 +199,16 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     out = Path(args.out)
     write_records(result, out)
     write_json(out / "summary.json", summary)
-    keys = ("mean_imbalance", "steady_mean_imbalance", "throughput_tok_s", "tpot_p95_ms",
-            "queue_delay_p99_s", "router_step_us_p50", "iterations", "sim_wall_s")
+    keys = (
+        "mean_imbalance",
+        "steady_mean_imbalance",
+        "throughput_tok_s",
+        "tpot_p95_ms",
+        "queue_delay_p99_s",
+        "router_step_us_p50",
+        "iterations",
+        "sim_wall_s",
+    )
     for key in keys:
         value = summary[key]
         print(f"{key:>24}: {value:,.3f}" if isinstance(value, float) else f"{key:>24}: {value}")
@@ -190,16 +228,30 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_workload_args(p)
     p.add_argument("--router", default="count-jsq", choices=policy_names())
-    p.add_argument("--predictor", help="completion estimator for brh (none, oracle, survival, "
-                   "exactmatch, gbdt); default none")
-    p.add_argument("--model-uri", help="load the predictor from MLflow (e.g. "
-                   "models:/completion-predictor@gbdt) instead of training it")
-    p.add_argument("--train-fraction", type=float, default=DEFAULT_TRAIN_FRACTION,
-                   help="learned predictors without --model-uri train on this earlier share "
-                   "of the trace and the rest is replayed")
+    p.add_argument(
+        "--predictor",
+        help="completion estimator for brh (none, oracle, survival, "
+        "exactmatch, gbdt); default none",
+    )
+    p.add_argument(
+        "--model-uri",
+        help="load the predictor from MLflow (e.g. "
+        "models:/completion-predictor@gbdt) instead of training it",
+    )
+    p.add_argument(
+        "--train-fraction",
+        type=float,
+        default=DEFAULT_TRAIN_FRACTION,
+        help="learned predictors without --model-uri train on this earlier share "
+        "of the trace and the rest is replayed",
+    )
     p.add_argument("--predictor-url", help="get predictions from a running balanceroute serve")
-    p.add_argument("--predictor-timeout", type=float, default=0.02,
-                   help="seconds before a remote prediction falls back locally")
+    p.add_argument(
+        "--predictor-timeout",
+        type=float,
+        default=0.02,
+        help="seconds before a remote prediction falls back locally",
+    )
     p.add_argument("--workers", type=int, default=8, help="G: workers in the group")
     add_tier_args(p)
     add_router_option_args(p)

@@ -60,8 +60,9 @@ def register(cls: type[Policy]) -> type[Policy]:
 
 
 def _load_all() -> None:
-    import router.balance_route  # noqa: F401  (registers br0, brh)
-    import router.baselines  # noqa: F401  (registers the FCFS baselines)
+    import router.balance_route
+    import router.baselines
+    import router.exact  # noqa: F401  (registers exact, the IO_0 reference)
 
 
 def policy_names() -> list[str]:
@@ -75,6 +76,4 @@ def policy_class(name: str) -> type[Policy]:
     try:
         return POLICIES[name]
     except KeyError:
-        raise UserError(
-            f"unknown router '{name}'; known routers: {', '.join(POLICIES)}"
-        ) from None
+        raise UserError(f"unknown router '{name}'; known routers: {', '.join(POLICIES)}") from None

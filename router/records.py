@@ -49,8 +49,10 @@ def request_frame(result: SimResult) -> pd.DataFrame:
 def write_records(result: SimResult, out: Path) -> None:
     """``iterations.parquet`` and ``requests.parquet`` in ``out`` (atomic renames)."""
     out.mkdir(parents=True, exist_ok=True)
-    for name, frame in (("iterations", iteration_frame(result)),
-                        ("requests", request_frame(result))):
+    for name, frame in (
+        ("iterations", iteration_frame(result)),
+        ("requests", request_frame(result)),
+    ):
         tmp = out / f".{name}.parquet.tmp"
         frame.to_parquet(tmp, index=False)
         tmp.replace(out / f"{name}.parquet")

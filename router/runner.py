@@ -42,8 +42,9 @@ class ReplaySpec:
 
     def __post_init__(self) -> None:
         if self.workers < 1 or self.slots < 1:
-            raise UserError(f"need at least one worker and one slot, got G={self.workers}, "
-                            f"B={self.slots}")
+            raise UserError(
+                f"need at least one worker and one slot, got G={self.workers}, B={self.slots}"
+            )
         if self.predictor is not None and self.router != "brh":
             raise UserError(
                 f"--predictor only applies to the brh router (got router '{self.router}')"
@@ -150,6 +151,6 @@ def replay(
         "cost": spec.cost.as_dict(),
         "prefill": {**spec.prefill.as_dict(), "rate_scale": scale},
         "offered_load": spec.load,
-        "requests": int(len(frame)),
+        "requests": len(frame),
     }
     return result, summary

@@ -20,7 +20,7 @@ import numpy as np
 from router.cost import CostModel
 from router.policy import Policy, RunContext
 from router.prefill import ReleasedRequests
-from router.state import Admissions, RouterState, RunningRequests
+from router.state import RouterState, RunningRequests
 
 SPAN_LIMIT = 4096
 
@@ -92,7 +92,12 @@ class _Recorder:
         self.start = np.empty(self.CHUNK)
         self.j = 0
         self.parts: dict[str, list[np.ndarray]] = {
-            "imb": [], "mx": [], "tot": [], "wait": [], "start": [], "loads": []
+            "imb": [],
+            "mx": [],
+            "tot": [],
+            "wait": [],
+            "start": [],
+            "loads": [],
         }
 
     def flush(self) -> None:
@@ -102,8 +107,14 @@ class _Recorder:
         rows = self.buf[:j]
         mx = rows.max(axis=1)
         tot = rows.sum(axis=1)
-        self._append(self.workers * mx - tot, mx, tot, self.wait[:j].copy(), self.start[:j].copy(),
-                     rows.copy() if self.record_loads else None)
+        self._append(
+            self.workers * mx - tot,
+            mx,
+            tot,
+            self.wait[:j].copy(),
+            self.start[:j].copy(),
+            rows.copy() if self.record_loads else None,
+        )
         self.j = 0
 
     def _append(self, imb, mx, tot, wait, start, loads) -> None:
@@ -120,8 +131,9 @@ class _Recorder:
         """Record a whole span of iterations computed at once."""
         self.flush()
         tot = path.sum(axis=1)
-        self._append(self.workers * mx - tot, mx, tot, wait, start,
-                     path if self.record_loads else None)
+        self._append(
+            self.workers * mx - tot, mx, tot, wait, start, path if self.record_loads else None
+        )
 
     def result(self, end_time: float) -> dict[str, np.ndarray | None]:
         self.flush()
@@ -226,8 +238,9 @@ class DecodeSimulator:
             if taken[g] > free[g]:
                 raise self._violation(f"worker {g} given more than its {free[g]} free slots")
 
-    def _apply(self, pos_arr: np.ndarray, pos: list[int], wk: list[int], loads, active, free,
-               heap) -> None:
+    def _apply(
+        self, pos_arr: np.ndarray, pos: list[int], wk: list[int], loads, active, free, heap
+    ) -> None:
         k = self.k
         prompts = self.requests.prompt_tokens
         outputs = self.requests.output_tokens
@@ -291,7 +304,10 @@ class DecodeSimulator:
         on_complete = policy.on_complete
         route = policy.route
         worker_of, slot_of, slot_req, stacks = (
-            self.worker_of, self.slot_of, self.slot_req, self.free_stack
+            self.worker_of,
+            self.slot_of,
+            self.slot_req,
+            self.free_stack,
         )
 
         while done < n:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from predict.oracle import OracleEstimator
 from predict.projection import (
@@ -12,11 +14,14 @@ from predict.projection import (
     cutoff_survival,
     request_paths,
 )
-from router.balance_route import BalanceRouteConfig, BR0Policy, BRHPolicy, _ProjectedMargins
+from router.balance_route import BalanceRouteConfig, BR0Policy, BRHPolicy
+from router.kernels import br_step
 from router.policy import RunContext
+from router.scoring import discount_weights
 from router.simulator import SimConfig, simulate
 from router.state import ArrayPool, RequestTable, RouterState, RunningRequests
 from tests.router.helpers import frame, released
+from tests.router.reference_br import reference_step
 
 
 def make_state(loads, free, pool_prompts, overtaken=None, iteration=0):
@@ -81,25 +86,72 @@ def test_kv_capacity_holds_back_what_does_not_fit():
     assert all(w == 1 for _, w in got)
 
 
-class _VectorBR0(BR0Policy):
-    """BR-0 forced through the numpy horizon backend, to check it against the scalar one."""
-
-    name = "br0-vector"
-
-    def _margins(self, state):
-        return _ProjectedMargins(self, state.loads[:, None].copy())
-
-
-@pytest.mark.parametrize("opts", [{}, {"s_greedy": 0, "window": 5}, {"max_overtake": 3}])
-def test_scalar_and_vector_backends_agree(opts):
-    rng = np.random.default_rng(11)
-    prompts, outputs = rng.integers(1, 4000, 400), rng.integers(1, 60, 400)
-    rq = released(prompts, outputs)
-    cfg = SimConfig(workers=4, slots=6)
-    a = simulate(rq, BR0Policy(**opts), cfg)
-    b = simulate(rq, _VectorBR0(**opts), cfg)
-    np.testing.assert_array_equal(a.worker, b.worker)
-    np.testing.assert_array_equal(a.admit_iter, b.admit_iter)
+@settings(max_examples=200, deadline=None)
+@given(
+    g=st.integers(1, 5),
+    h=st.integers(0, 6),
+    n=st.integers(1, 14),
+    data=st.data(),
+    beta=st.floats(0.5, 50),
+    gamma=st.floats(0.3, 1.0),
+    penalty_max=st.booleans(),
+    s_greedy=st.integers(0, 6),
+    window=st.integers(1, 6),
+    r_max=st.integers(1, 5),
+    capped=st.booleans(),
+)
+def test_kernel_matches_the_python_reference(
+    g, h, n, data, beta, gamma, penalty_max, s_greedy, window, r_max, capped
+):
+    loads = np.array(
+        data.draw(
+            st.lists(
+                st.lists(st.integers(0, 5000), min_size=h + 1, max_size=h + 1),
+                min_size=g,
+                max_size=g,
+            )
+        ),
+        float,
+    )
+    free = np.array(data.draw(st.lists(st.integers(0, 3), min_size=g, max_size=g)), np.int64)
+    prompts = np.array(data.draw(st.lists(st.integers(1, 3000), min_size=n, max_size=n)), float)
+    overdue = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)))
+    cap = float(data.draw(st.integers(2000, 12000))) if capped else np.inf
+    weights = discount_weights(h, gamma)
+    due = int(min(n, free.sum()))
+    stats = np.zeros(4, dtype=np.int64)
+    idx, wk = br_step(
+        loads.copy(),
+        free.copy(),
+        prompts,
+        overdue,
+        weights,
+        beta,
+        penalty_max,
+        cap,
+        s_greedy,
+        window,
+        r_max,
+        due,
+        stats,
+    )
+    want = reference_step(
+        loads.tolist(),
+        free.tolist(),
+        prompts.tolist(),
+        overdue.tolist(),
+        weights.tolist(),
+        beta,
+        penalty_max,
+        cap,
+        s_greedy,
+        window,
+        r_max,
+        due,
+    )
+    assert list(zip(idx.tolist(), wk.tolist(), strict=True)) == want
+    if not capped:
+        assert len(want) == due
 
 
 def test_brh_with_none_at_horizon_zero_is_br0():
@@ -144,8 +196,9 @@ def test_cutoff_projection_fast_path_equals_explicit_paths(refill):
     c[:5] = horizon
     length = horizon + span + 1
     fast = LoadProjection(g, horizon, span, n)
-    fast.rebuild_cutoff(10, np.arange(n), workers, workload,
-                        cutoff_lengths(c, horizon, length), refill)
+    fast.rebuild_cutoff(
+        10, np.arange(n), workers, workload, cutoff_lengths(c, horizon, length), refill
+    )
     slow = LoadProjection(g, horizon, span, n)
     paths = request_paths(workload, cutoff_survival(c, horizon, length), refill)
     slow.rebuild_paths(10, np.arange(n), workers, paths)

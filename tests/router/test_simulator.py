@@ -53,8 +53,9 @@ def test_queueing_delay_and_steady_state_by_hand():
 
 
 def test_idle_gaps_are_skipped_not_iterated():
-    rq = released([10, 10], [2, 2], arrivals=[0.0, 100.0], saturate=False,
-                  t_fixed_s=0.0, t_token_s=0.0)
+    rq = released(
+        [10, 10], [2, 2], arrivals=[0.0, 100.0], saturate=False, t_fixed_s=0.0, t_token_s=0.0
+    )
     res = simulate(rq, CountJSQPolicy(), SimConfig(workers=1, slots=4, cost=COST))
     assert res.iterations == 4
     assert res.admit_s[1] == pytest.approx(100.0)

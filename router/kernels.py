@@ -1,0 +1,257 @@
+"""Compiled inner loop of a BalanceRoute step (numba).
+
+The router runs inside every decode iteration, and a step makes a few admissions each needing
+a handful of tiny ``(H+1)``-vector operations: interpreted numpy spends microseconds per call on
+dispatch alone, so the whole step (guard, stage 1, stage 2 with the exact subset search) is one
+compiled function. ``router.balance_route`` documents the algorithm; ``tests/router`` checks
+this kernel against a plain-Python reference implementation of the same rules.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+# indices into the stats counter array
+GUARD, STAGE1, STAGE2, FALLBACK = 0, 1, 2, 3
+
+
+@njit(cache=True, nogil=True)
+def _score(b, g, loads, top, weights, total_w, beta, penalty_max):
+    """F^H of adding load ``b`` to worker ``g`` (margins ``top - loads[g]``)."""
+    pen = 0.0
+    if penalty_max:
+        worst = 0.0
+        for h in range(loads.shape[1]):
+            o = b - (top[h] - loads[g, h])
+            if o > worst:
+                worst = o
+        pen = worst * total_w
+    else:
+        for h in range(loads.shape[1]):
+            o = b - (top[h] - loads[g, h])
+            if o > 0.0:
+                pen += weights[h] * o
+    return total_w * b - beta * pen
+
+
+@njit(cache=True, nogil=True)
+def _room(g, q, loads, hs, cap):
+    """Largest total prompt ``q`` new requests may add to ``g`` under the KV capacity."""
+    if not np.isfinite(cap):
+        return np.inf
+    r = np.inf
+    for h in range(loads.shape[1]):
+        v = cap - loads[g, h] - q * hs[h]
+        if v < r:
+            r = v
+    return r
+
+
+@njit(cache=True, nogil=True)
+def _add(g, b, q, loads, top, hs):
+    for h in range(loads.shape[1]):
+        v = loads[g, h] + b + q * hs[h]
+        loads[g, h] = v
+        if v > top[h]:
+            top[h] = v
+
+
+@njit(cache=True, nogil=True)
+def _window(used, start, size, out):
+    """First ``size`` unused candidates from ``start``; returns how many were found."""
+    k = 0
+    i = start
+    n = used.shape[0]
+    while i < n and k < size:
+        if not used[i]:
+            out[k] = i
+            k += 1
+        i += 1
+    return k
+
+
+@njit(cache=True, nogil=True)
+def br_step(
+    loads,
+    free,
+    prompts,
+    overdue,
+    weights,
+    beta,
+    penalty_max,
+    cap,
+    s_greedy,
+    window,
+    r_max,
+    due,
+    stats,
+):
+    """One BalanceRoute step. ``loads`` ``(G, H+1)`` and ``free`` are updated in place.
+
+    Returns ``(candidate indices, workers)`` in admission order.
+    """
+    g_count = loads.shape[0]
+    h1 = loads.shape[1]
+    n = prompts.shape[0]
+    hs = np.arange(h1).astype(np.float64)
+    total_w = 0.0
+    for h in range(h1):
+        total_w += weights[h]
+    top = np.empty(h1)
+    for h in range(h1):
+        m = loads[0, h]
+        for g in range(1, g_count):
+            if loads[g, h] > m:
+                m = loads[g, h]
+        top[h] = m
+    used = np.zeros(n, dtype=np.bool_)
+    blocked = np.zeros(g_count, dtype=np.bool_)
+    out_i = np.empty(due, dtype=np.int64)
+    out_g = np.empty(due, dtype=np.int64)
+    done = 0
+    total_free = 0
+    for g in range(g_count):
+        total_free += free[g]
+    first = 0
+    buf = np.empty(max(window, r_max), dtype=np.int64)
+
+    # guard: overdue requests first, in pool order, each where it scores best
+    for i in range(n):
+        if done == due:
+            break
+        if not overdue[i]:
+            continue
+        best_g = -1
+        best_s = -np.inf
+        for g in range(g_count):
+            if free[g] == 0 or blocked[g]:
+                continue
+            if prompts[i] > _room(g, 1.0, loads, hs, cap):
+                continue
+            s = _score(prompts[i], g, loads, top, weights, total_w, beta, penalty_max)
+            if s > best_s:
+                best_s = s
+                best_g = g
+        if best_g < 0:
+            continue
+        used[i] = True
+        _add(best_g, prompts[i], 1.0, loads, top, hs)
+        free[best_g] -= 1
+        total_free -= 1
+        out_i[done] = i
+        out_g[done] = best_g
+        done += 1
+        stats[GUARD] += 1
+
+    # stage 1: the worker with the most free slots takes the best single request of the window
+    while done < due and total_free > s_greedy:
+        g = -1
+        for w in range(g_count):
+            if free[w] == 0 or blocked[w]:
+                continue
+            if g < 0 or free[w] > free[g] or (free[w] == free[g] and loads[w, 0] < loads[g, 0]):
+                g = w
+        if g < 0:
+            break
+        while first < n and used[first]:
+            first += 1
+        k = _window(used, first, window, buf)
+        if k == 0:
+            break
+        room = _room(g, 1.0, loads, hs, cap)
+        best = -1
+        best_s = -np.inf
+        for j in range(k):
+            b = prompts[buf[j]]
+            if b > room:
+                continue
+            s = _score(b, g, loads, top, weights, total_w, beta, penalty_max)
+            if s > best_s:
+                best_s = s
+                best = buf[j]
+        if best < 0:
+            blocked[g] = True
+            continue
+        used[best] = True
+        _add(g, prompts[best], 1.0, loads, top, hs)
+        free[g] -= 1
+        total_free -= 1
+        out_i[done] = best
+        out_g[done] = g
+        done += 1
+        stats[STAGE1] += 1
+
+    # stage 2: workers in descending (free, min margin) take the best subset of the head
+    visited = np.zeros(g_count, dtype=np.bool_)
+    while done < due:
+        visited[:] = False
+        progressed = False
+        while done < due:
+            g = -1
+            gq = 0.0
+            for w in range(g_count):
+                if free[w] == 0 or blocked[w] or visited[w]:
+                    continue
+                q = np.inf
+                for h in range(h1):
+                    v = top[h] - loads[w, h]
+                    if v < q:
+                        q = v
+                if g < 0 or free[w] > free[g] or (free[w] == free[g] and q > gq):
+                    g = w
+                    gq = q
+            if g < 0:
+                break
+            visited[g] = True
+            while first < n and used[first]:
+                first += 1
+            k = _window(used, first, r_max, buf)
+            if k == 0:
+                break
+            size = min(free[g], due - done)
+            best_code = 0
+            best_s = -np.inf
+            best_single = 0
+            best_single_s = -np.inf
+            for code in range(1, 1 << k):
+                q = 0
+                b = 0.0
+                for j in range(k):
+                    if code >> j & 1:
+                        q += 1
+                        b += prompts[buf[j]]
+                if q > size or b > _room(g, float(q), loads, hs, cap):
+                    continue
+                s = _score(b, g, loads, top, weights, total_w, beta, penalty_max)
+                if s > best_s:
+                    best_s = s
+                    best_code = code
+                if q == 1 and s > best_single_s:
+                    best_single_s = s
+                    best_single = code
+            if best_code == 0:
+                blocked[g] = True
+                continue
+            if best_s <= 0.0 and best_code != best_single:
+                best_code = best_single
+                stats[FALLBACK] += 1
+            q = 0
+            b = 0.0
+            for j in range(k):
+                if best_code >> j & 1:
+                    i = buf[j]
+                    used[i] = True
+                    out_i[done] = i
+                    out_g[done] = g
+                    done += 1
+                    q += 1
+                    b += prompts[i]
+            _add(g, b, float(q), loads, top, hs)
+            free[g] -= q
+            total_free -= q
+            stats[STAGE2] += q
+            progressed = True
+        if not progressed:
+            break
+    return out_i[:done], out_g[:done]

@@ -1,0 +1,85 @@
+"""The MILP against brute force on tiny instances, and the exact policy's invariants."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from router.exact import ExactPolicy, solve_step, step_objective
+from router.simulator import SimConfig, simulate
+from tests.router.helpers import occupancy, released
+
+
+def brute_force(loads, free, prompts, gamma, capacity=None):
+    n = len(prompts)
+    for due in range(min(n, sum(free)), -1, -1):
+        best = _best_of(loads, free, prompts, gamma, capacity, due)
+        if best < np.inf:
+            return best
+    return np.inf
+
+
+def _best_of(loads, free, prompts, gamma, capacity, due):
+    g_count, n = len(free), len(prompts)
+    best = np.inf
+    for chosen in itertools.combinations(range(n), due):
+        for workers in itertools.product(range(g_count), repeat=due):
+            if any(workers.count(g) > free[g] for g in range(g_count)):
+                continue
+            if capacity is not None:
+                after = loads.copy()
+                hs = np.arange(loads.shape[1])
+                for j, g in zip(chosen, workers, strict=True):
+                    after[g] += prompts[j] + hs
+                if (after > capacity + 1e-9).any():
+                    continue
+            best = min(best, step_objective(loads, prompts, chosen, workers, gamma))
+    return best
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    g=st.integers(1, 3),
+    h=st.integers(0, 3),
+    n=st.integers(1, 4),
+    data=st.data(),
+    gamma=st.floats(0.5, 1.0),
+)
+def test_milp_matches_brute_force(g, h, n, data, gamma):
+    loads = np.array(
+        data.draw(
+            st.lists(
+                st.lists(st.integers(0, 3000), min_size=h + 1, max_size=h + 1),
+                min_size=g,
+                max_size=g,
+            )
+        ),
+        dtype=float,
+    )
+    free = data.draw(st.lists(st.integers(0, 2), min_size=g, max_size=g))
+    prompts = np.array(data.draw(st.lists(st.integers(1, 2000), min_size=n, max_size=n)), float)
+    sol = solve_step(loads, np.array(free), prompts, gamma=gamma)
+    assert len(sol.requests) == min(n, sum(free))
+    assert sol.objective == pytest.approx(
+        brute_force(loads, free, prompts, gamma), rel=1e-7, abs=1e-5
+    )
+
+
+def test_milp_respects_kv_capacity_like_brute_force():
+    loads = np.array([[900.0, 901.0], [0.0, 1.0]])
+    prompts = np.array([300.0, 50.0, 80.0])
+    sol = solve_step(loads, np.array([2, 1]), prompts, kv_capacity=1000.0)
+    assert sol.objective == pytest.approx(brute_force(loads, [2, 1], prompts, 1.0, capacity=1000.0))
+
+
+def test_exact_policy_is_maximal_and_within_capacity():
+    rng = np.random.default_rng(1)
+    rq = released(rng.integers(1, 2000, 60), rng.integers(1, 20, 60))
+    res = simulate(rq, ExactPolicy(candidates=8), SimConfig(workers=3, slots=2))
+    occ = occupancy(res)
+    assert occ.max() <= 2
+    assert np.all(occ[res.waiting > 0].sum(axis=1) == 6)

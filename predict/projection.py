@@ -53,13 +53,6 @@ def request_paths(
     return paths
 
 
-def cutoff_lengths(c: np.ndarray, horizon: int, length: int) -> np.ndarray:
-    """Offsets each request stays in cutoff mode: ``ceil(c)``, all ``length`` if ``c >= H``."""
-    d = np.ceil(c).astype(np.int64)
-    d[c >= horizon] = length
-    return np.clip(d, 1, length)
-
-
 class LoadProjection:
     """Per-worker projected loads, in columns relative to the last rebuild at iteration ``k0``.
 
@@ -109,40 +102,26 @@ class LoadProjection:
         positions: np.ndarray,
         workers: np.ndarray,
         workload: np.ndarray,
-        lengths: np.ndarray,
+        c: np.ndarray,
         refill_prompt: float | None = None,
     ) -> None:
-        """Start over at ``k``: request ``i`` is ``W_i + t`` for ``t < lengths[i]``, then gone
-        (or, with ``refill_prompt``, replaced by a request of that prompt admitted then)."""
+        """Start over at ``k`` from capped expectations ``c``: request ``i`` is ``W_i + t`` for
+        ``t < ceil(c_i)`` (for good if ``c_i >= H``), then gone, or with ``refill_prompt``
+        replaced by a request of that prompt admitted then."""
+        from router.kernels import cutoff_base
+
         self._start(k, positions, workers)
-        g_count, length = self.workers, self.length
         w = workload.astype(np.float64)
-        idx = workers * (length + 1) + lengths
-        size = g_count * (length + 1)
-        ended = np.cumsum(np.bincount(idx, minlength=size).reshape(g_count, length + 1), axis=1)
-        ended_w = np.cumsum(
-            np.bincount(idx, weights=w, minlength=size).reshape(g_count, length + 1), axis=1
+        refill = -1.0 if refill_prompt is None else float(refill_prompt)
+        self.base, lengths = cutoff_base(
+            workers,
+            w,
+            np.asarray(c, dtype=np.float64),
+            float(self.horizon),
+            self.workers,
+            self.length,
+            refill,
         )
-        total = ended[:, -1:]
-        total_w = ended_w[:, -1:]
-        alive = (total - ended)[:, :length]
-        alive_w = (total_w - ended_w)[:, :length]
-        base = alive_w + alive * self.ts[None, :]
-        if refill_prompt is not None:
-            gone = (
-                ended[:, :length]
-                - np.bincount(workers * (length + 1) + length, minlength=size).reshape(
-                    g_count, length + 1
-                )[:, :length]
-            )
-            gone_d = np.cumsum(
-                np.bincount(idx, weights=lengths.astype(np.float64), minlength=size).reshape(
-                    g_count, length + 1
-                ),
-                axis=1,
-            )[:, :length]
-            base += gone * (refill_prompt + self.ts[None, :]) - gone_d
-        self.base = base
         self.paths = None
         self.cut = (w, lengths, refill_prompt)
 

@@ -25,7 +25,7 @@ def _load_optional() -> None:
     # Learned estimators live in their own modules; importing them registers them.
     import importlib
 
-    for mod in ("predict.survival", "predict.exactmatch", "predict.gbdt"):
+    for mod in ("predict.survival", "predict.exactmatch", "predict.gbdt", "predict.noisy_oracle"):
         try:
             importlib.import_module(mod)
         except ModuleNotFoundError as exc:

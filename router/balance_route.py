@@ -27,11 +27,10 @@ from predict.base import CompletedBatch, CompletionEstimator, RunningBatch
 from predict.no_prediction import NoPrediction
 from predict.projection import (
     LoadProjection,
-    cutoff_lengths,
     extend_survival,
     request_paths,
 )
-from router.kernels import FALLBACK, GUARD, STAGE1, STAGE2, br_step
+from router.kernels import FALLBACK, GUARD, STAGE1, STAGE2, br_step, warm_up
 from router.policy import Policy, RunContext, register
 from router.scoring import discount_weights
 from router.state import Admissions, RouterState
@@ -136,6 +135,7 @@ class BalanceRoutePolicy(Policy):
                 f"ahead but the router looks {cfg.horizon} ahead"
             )
         self.projection = LoadProjection(g, cfg.horizon, cfg.refresh, ctx.requests.size)
+        warm_up()
         self.counters = np.zeros(4, dtype=np.int64)
         self.refreshes = 0
 
@@ -202,9 +202,8 @@ class BalanceRoutePolicy(Policy):
             paths = request_paths(run.workload, surv, refill)
             proj.rebuild_paths(state.iteration, run.position, run.worker, paths)
         else:
-            lengths = cutoff_lengths(pred.c, cfg.horizon, proj.length)
             proj.rebuild_cutoff(
-                state.iteration, run.position, run.worker, run.workload, lengths, refill
+                state.iteration, run.position, run.worker, run.workload, pred.c, refill
             )
         self.refreshes += 1
 

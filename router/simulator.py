@@ -159,10 +159,10 @@ class _SimPool:
     def head(self, n: int) -> np.ndarray:
         sim = self.sim
         lo, hi = sim.head, sim.released
-        end = min(hi, lo + n)
+        end = min(hi, lo + 2 * n + 16)
         idx = np.flatnonzero(~sim.admitted[lo:end]) + lo
         while idx.size < n and end < hi:
-            new_end = min(hi, end + 2 * (n - idx.size) + 8)
+            new_end = min(hi, end + 4 * (n - idx.size) + 16)
             more = np.flatnonzero(~sim.admitted[end:new_end]) + end
             idx = np.concatenate((idx, more))
             end = new_end

@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 from predict.oracle import OracleEstimator
 from predict.projection import (
     LoadProjection,
-    cutoff_lengths,
     cutoff_survival,
     request_paths,
 )
@@ -166,8 +165,9 @@ def test_brh_with_none_at_horizon_zero_is_br0():
 def test_projection_shifts_between_refreshes():
     # predicted at k0 = 10 (H = 6): request 0 leaves after 5 offsets, request 1 (c = H) never
     proj = LoadProjection(1, 6, 3, 2)
-    lengths = cutoff_lengths(np.array([5.0, 6.0]), 6, proj.length)
-    proj.rebuild_cutoff(10, np.array([0, 1]), np.array([0, 0]), np.array([100, 7]), lengths)
+    proj.rebuild_cutoff(
+        10, np.array([0, 1]), np.array([0, 0]), np.array([100, 7]), np.array([5.0, 6.0])
+    )
     # two iterations later: request 0 (now 102) has 3 offsets left, request 1 (now 9) stays
     view = proj.view(12, np.array([111.0]))
     np.testing.assert_allclose(view[0], [111, 103 + 10, 104 + 11, 12, 13, 14, 15])
@@ -196,9 +196,7 @@ def test_cutoff_projection_fast_path_equals_explicit_paths(refill):
     c[:5] = horizon
     length = horizon + span + 1
     fast = LoadProjection(g, horizon, span, n)
-    fast.rebuild_cutoff(
-        10, np.arange(n), workers, workload, cutoff_lengths(c, horizon, length), refill
-    )
+    fast.rebuild_cutoff(10, np.arange(n), workers, workload, c, refill)
     slow = LoadProjection(g, horizon, span, n)
     paths = request_paths(workload, cutoff_survival(c, horizon, length), refill)
     slow.rebuild_paths(10, np.arange(n), workers, paths)
@@ -215,7 +213,7 @@ def test_cutoff_projection_fast_path_equals_explicit_paths(refill):
 
 def test_projection_view_counts_new_admissions_as_growing():
     proj = LoadProjection(2, 3, 2, 10)
-    proj.rebuild_cutoff(5, np.array([0]), np.array([0]), np.array([100]), np.array([2]))
+    proj.rebuild_cutoff(5, np.array([0]), np.array([0]), np.array([100]), np.array([2.0]))
     proj.add(1, 1, 50.0, 6)
     view = proj.view(6, np.array([101.0, 50.0]))
     # request 0 (W=100 at k=5, 2 offsets) is 101 at h=0 then gone; request 1 grows from 50

@@ -1,0 +1,32 @@
+"""SHA-256 digests of trace files and frames, for resolved-configuration records."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+FILE_BLOCK = 1 << 20
+
+
+def file_sha256(path: str | Path) -> str:
+    """Hex SHA-256 of a file's bytes, read block by block."""
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as fh:
+        while block := fh.read(FILE_BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def frame_sha256(trace: pd.DataFrame) -> str:
+    """Hex SHA-256 of a canonical trace's content, identical across processes and platforms."""
+    digest = hashlib.sha256()
+    digest.update(np.ascontiguousarray(trace["arrival_s"].to_numpy(dtype="<f8")).tobytes())
+    for column in ("prompt_tokens", "output_tokens"):
+        digest.update(np.ascontiguousarray(trace[column].to_numpy(dtype="<i8")).tobytes())
+    for column in ("request_id", "prompt_key"):
+        text = trace[column].astype("str").fillna("\x00")
+        digest.update("\x1f".join(text.tolist()).encode())
+    return digest.hexdigest()

@@ -1,0 +1,63 @@
+"""The one way every command gets its requests: a trace file, or else a synthetic preset.
+
+The returned description (kind, path or preset, rows, SHA-256) goes into the resolved
+configuration written next to every result, so a run can be traced back to its exact input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from features.digest import file_sha256, frame_sha256
+from features.errors import UserError
+from features.loaders import AUTO, detect_format, load_trace
+from features.synthetic import generate, get_preset
+
+DEFAULT_PRESET = "paper-prod"
+DEFAULT_REQUESTS = 10_000
+
+
+def load_workload(
+    *,
+    trace: str | Path | None,
+    preset: str | None,
+    requests: int | None,
+    seed: int,
+    format: str = AUTO,
+    key_blocks: int = 2,
+) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Requests from ``trace`` (its first ``requests`` rows if given), else from ``preset``
+    (default ``paper-prod``, 10,000 requests), with a description of where they came from."""
+    if trace is not None and preset is not None:
+        raise UserError("give either a trace file or a synthetic preset, not both")
+    if requests is not None and requests < 1:
+        raise UserError(f"the number of requests must be at least 1, got {requests}")
+    if trace is not None:
+        name = detect_format(trace) if format == AUTO else format
+        frame = load_trace(trace, format=name, key_blocks=key_blocks, limit=requests)
+        source = {
+            "kind": "trace",
+            "path": str(Path(trace).resolve()),
+            "format": name,
+            "key_blocks": key_blocks,
+            "limit": requests,
+            "rows": len(frame),
+            "sha256": file_sha256(trace),
+        }
+        return frame, source
+    spec = get_preset(preset or DEFAULT_PRESET)
+    frame = generate(spec, requests or DEFAULT_REQUESTS, seed=seed)
+    source = {
+        "kind": "synthetic",
+        "preset": spec.name,
+        "seed": seed,
+        "rows": len(frame),
+        "rate_rps": spec.arrivals.rate,
+        "params": asdict(spec),
+        "sha256": frame_sha256(frame),
+    }
+    return frame, source

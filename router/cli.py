@@ -216,6 +216,126 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ab(args: argparse.Namespace) -> int:
+    import time
+
+    from features.workload import load_workload
+    from router import plots, report
+    from router.ab import ABConfig, aggregate, progress_printer, run_ab
+    from router.arms import parse_arms
+
+    started = time.perf_counter()
+    arms = tuple(parse_arms(args.arms))
+    try:
+        workers = tuple(int(g) for g in args.workers.split(","))
+    except ValueError:
+        raise UserError(
+            f"--workers takes integers separated by commas, got {args.workers!r}"
+        ) from None
+    if not workers or min(workers) < 1 or args.slots < 1:
+        raise UserError("--workers and --slots must be at least 1")
+    frame, source = load_workload(
+        trace=args.trace,
+        preset=args.preset,
+        requests=args.requests,
+        seed=args.seed,
+        format=args.format,
+        key_blocks=args.key_blocks,
+    )
+    base = cost_from_args(args)
+    cfg = ABConfig(
+        arms=arms,
+        workers=workers,
+        slots=args.slots,
+        repeats=args.repeats,
+        window_fraction=args.window_fraction,
+        train_fraction=args.train_fraction,
+        seed=args.seed,
+        saturate=args.saturate,
+        rate_scale=args.rate_scale if args.load is None else 1.0,
+        load=args.load,
+        cost=base,
+        reference=args.reference,
+    )
+    raw = run_ab(
+        frame, cfg, jobs=args.jobs, dask_scheduler=args.dask_scheduler, progress=progress_printer
+    )
+    agg = aggregate(raw, cfg)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    order = [a.label for a in cfg.arms]
+    g0 = workers[0]
+    ref = agg["reference"]
+    first = {
+        k: (v if len(workers) == 1 else v["by_workers"][str(g0)]) for k, v in agg["arms"].items()
+    }
+    best = min(order, key=lambda a: first[a].get("steady_mean_imbalance") or float("inf"))
+    made = [
+        plots.trajectories(raw, list(dict.fromkeys([ref, best])), g0, out / "trajectories.png"),
+        plots.imbalance_distribution(raw, order, g0, out / "imbalance_distribution.png"),
+    ]
+    if len(workers) > 1:
+        made.append(plots.scaling(agg, order, workers, out / "scaling.png"))
+    meta = {
+        "workload": _describe(source),
+        "sha256": source.get("sha256"),
+        "plots": [p.name for p in made],
+    }
+    summary = {
+        "arms": agg["arms"],
+        "reference": ref,
+        "config": {
+            "arms": order,
+            "workers": list(workers),
+            "slots": args.slots,
+            "repeats": args.repeats,
+            "windows": raw["info"]["windows"],
+            "window_fraction": args.window_fraction,
+            "train_fraction": args.train_fraction,
+            "saturate": args.saturate,
+            "rate_scale": cfg.rate_scale,
+            "load": args.load,
+            "seed": args.seed,
+            "cost": base.as_dict(),
+            "workload": source,
+            "estimators": {k: v for k, v in raw["info"].items() if k != "windows"},
+            "jobs": args.jobs,
+            "dask_scheduler": args.dask_scheduler,
+        },
+    }
+    write_json(out / "summary.json", summary)
+    text = report.render(agg, raw, cfg, meta)
+    tmp = out / ".report.md.tmp"
+    tmp.write_text(text)
+    tmp.replace(out / "report.md")
+    if not args.no_mlflow:
+        from router.ab_tracking import log_ab
+
+        try:
+            run_id = log_ab(agg, raw, cfg, out, meta)
+            print(f"logged to MLflow run {run_id} (experiment balanceroute-ab)", file=sys.stderr)
+        except Exception as exc:
+            print(
+                f"ab: warning: MLflow logging failed ({exc}); results are in {out}", file=sys.stderr
+            )
+    print(report.table3(first, order))
+    print(
+        f"\nwrote {out / 'report.md'}, {out / 'summary.json'} and "
+        f"{', '.join(str(out / p) for p in meta['plots'])} "
+        f"in {time.perf_counter() - started:.0f} s"
+    )
+    return 0
+
+
+def _describe(source: dict) -> str:
+    if source.get("kind") == "trace":
+        return f"{source['path']} ({source['format']}, {source['rows']:,} requests)"
+    return (
+        f"synthetic preset {source.get('preset')} ({source['rows']:,} requests, seed "
+        f"{source.get('seed')})"
+    )
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     from router.policy import policy_names
 
@@ -257,3 +377,38 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_router_option_args(p)
     p.add_argument("--out", required=True, help="output folder")
     p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser(
+        "ab",
+        help="paired A/B replay of routers and estimators, with a report",
+        description="Replay the same requests under several arms (router[:estimator[@uri]]"
+        "[{option=value;...}]) and write DIR/summary.json, DIR/report.md and plots; logs a "
+        "parent MLflow run with a child run per arm.",
+    )
+    add_workload_args(p)
+    p.add_argument(
+        "--arms",
+        required=True,
+        help="comma-separated arms, e.g. count-jsq,token-jsq,br0,brh:none,brh:survival,brh:oracle",
+    )
+    p.add_argument("--workers", default="8", help="G, or several: 4,8,16")
+    p.add_argument("--repeats", type=int, default=5, help="windows of the replayed trace")
+    p.add_argument(
+        "--window-fraction",
+        type=float,
+        default=0.5,
+        help="share of the replayed part each repeat covers (when repeats > 1)",
+    )
+    p.add_argument(
+        "--train-fraction",
+        type=float,
+        default=DEFAULT_TRAIN_FRACTION,
+        help="earlier share of the trace that trains on-the-fly estimators",
+    )
+    p.add_argument("--reference", help="reference arm for ratios (default count-jsq or first)")
+    p.add_argument("--jobs", type=int, default=1, help="parallel processes")
+    p.add_argument("--dask-scheduler", help="run on an existing Dask cluster at this address")
+    p.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
+    add_tier_args(p)
+    p.add_argument("--out", required=True, help="output folder")
+    p.set_defaults(func=cmd_ab)

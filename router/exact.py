@@ -139,6 +139,20 @@ def solve_step(
     return StepSolution(req.astype(np.int64), wk.astype(np.int64), obj, bool(res.status == 0))
 
 
+def best_single(loads: np.ndarray, free: np.ndarray, prompts: np.ndarray) -> tuple[int, int]:
+    """Exact ``IO_0`` when one request is due: every (request, open worker) pair, vectorized.
+
+    Admitting ``s`` to worker ``g`` gives ``I = G * max(M, L_g + s) - (sum L + s)``.
+    """
+    open_ = np.flatnonzero(free > 0)
+    top = loads.max()
+    after = np.maximum(top, loads[open_][:, None] + prompts[None, :])
+    cost = loads.shape[0] * after - prompts[None, :]
+    flat = int(np.argmin(cost.T))  # request-major: ties go to the oldest request
+    j, gi = divmod(flat, open_.size)
+    return j, int(open_[gi])
+
+
 @register
 class ExactPolicy(Policy):
     """``IO_0``: the exact current-imbalance step over the first ``candidates`` waiting requests.
@@ -158,6 +172,9 @@ class ExactPolicy(Policy):
             return Admissions.empty()
         cand = state.pool.head(max(due, self.candidates))
         prompts = state.requests.prompt_tokens[cand].astype(np.float64)
+        if due == 1:
+            j, g = best_single(state.loads, state.free_slots, prompts)
+            return Admissions(cand[[j]], np.array([g], dtype=np.int64))
         sol = solve_step(
             state.loads[:, None], state.free_slots, prompts, time_limit_s=self.time_limit_s
         )

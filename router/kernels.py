@@ -307,6 +307,19 @@ def cutoff_base(workers, workload, c, horizon, g_count, length, refill):
 def warm_up() -> None:
     """Load (or compile) the kernels now, so the first routing call does not pay for it."""
     loads = np.zeros((2, 2))
-    br_step(loads, np.ones(2, dtype=np.int64), np.ones(2), np.zeros(2, dtype=np.bool_),
-            np.ones(2), 2.0, False, np.inf, 0, 2, 2, 1, np.zeros(4, dtype=np.int64))
+    br_step(
+        loads,
+        np.ones(2, dtype=np.int64),
+        np.ones(2),
+        np.zeros(2, dtype=np.bool_),
+        np.ones(2),
+        2.0,
+        False,
+        np.inf,
+        0,
+        2,
+        2,
+        1,
+        np.zeros(4, dtype=np.int64),
+    )
     cutoff_base(np.zeros(1, dtype=np.int64), np.ones(1), np.ones(1), 2.0, 2, 3, -1.0)

@@ -83,3 +83,23 @@ def test_exact_policy_is_maximal_and_within_capacity():
     occ = occupancy(res)
     assert occ.max() <= 2
     assert np.all(occ[res.waiting > 0].sum(axis=1) == 6)
+
+
+def test_single_admission_fast_path_matches_the_milp():
+    rng = np.random.default_rng(4)
+    from router.exact import best_single
+
+    for _ in range(30):
+        loads = rng.integers(0, 5000, 4).astype(float)
+        free = rng.integers(0, 2, 4)
+        free[rng.integers(4)] = 1
+        prompts = rng.integers(1, 3000, 6).astype(float)
+        j, g = best_single(loads, free, prompts)
+        fast = step_objective(loads[:, None], prompts, [j], [g])
+        exact = min(
+            step_objective(loads[:, None], prompts, [jj], [gg])
+            for jj in range(6)
+            for gg in range(4)
+            if free[gg] > 0
+        )
+        assert fast == pytest.approx(exact)

@@ -1,0 +1,336 @@
+"""Paired A/B replay of routers and estimators on the same requests and releases.
+
+Every arm replays the same windows of the same trace with the same prefill releases; repeats
+are windows of the replayed part (or, for one repeat, all of it). When an arm's estimator must
+be trained on the fly, the trace's earlier ``train_fraction`` trains it (time-ordered, no
+leakage) and every arm replays only the later part. Tasks (arm x G x repeat) run in parallel
+processes with joblib (or on a Dask cluster); each gets its own copy of any estimator, and
+results depend only on the seeds, never on the number of jobs.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import sys
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from features.errors import UserError
+from predict.base import CompletionEstimator
+from router.arms import Arm
+from router.cost import CostModel
+from router.prefill import PrefillConfig
+from router.runner import ReplaySpec, build_estimator, released_requests, replay
+
+TRAJECTORY_WINDOW = 1500
+DIST_SAMPLE = 4000
+
+
+@dataclass(frozen=True)
+class ABConfig:
+    """What to compare and how."""
+
+    arms: tuple[Arm, ...]
+    workers: tuple[int, ...] = (8,)
+    slots: int = 64
+    repeats: int = 5
+    window_fraction: float = 0.5
+    train_fraction: float = 0.3
+    seed: int = 0
+    saturate: bool = False
+    rate_scale: float = 1.0
+    load: float | None = None
+    cost: CostModel = field(default_factory=CostModel)
+    horizon: int = 80
+    reference: str | None = None
+
+    def reference_arm(self) -> str:
+        if self.reference is not None:
+            if self.reference not in [a.label for a in self.arms]:
+                raise UserError(f"reference arm '{self.reference}' is not one of the arms")
+            return self.reference
+        for a in self.arms:
+            if a.label == "count-jsq":
+                return a.label
+        return self.arms[0].label
+
+
+@dataclass
+class Task:
+    arm: Arm
+    workers: int
+    repeat: int
+    start: int
+    stop: int
+    keep_traces: bool
+
+
+def replay_windows(n: int, repeats: int, fraction: float) -> list[tuple[int, int]]:
+    """``repeats`` evenly spaced windows over ``n`` requests (all of them for one repeat)."""
+    if repeats < 1:
+        raise UserError(f"--repeats must be at least 1, got {repeats}")
+    if repeats == 1:
+        return [(0, n)]
+    size = max(1, int(n * fraction))
+    starts = np.round(np.linspace(0, n - size, repeats)).astype(int)
+    return [(int(s), int(s) + size) for s in starts]
+
+
+def prepare(
+    frame: pd.DataFrame, cfg: ABConfig, progress=None
+) -> tuple[pd.DataFrame, dict[str, CompletionEstimator], dict[str, Any]]:
+    """Split off training history if needed and build every arm's estimator (oracle later)."""
+    from router.runner import split_for_training
+
+    info: dict[str, Any] = {"trained_on_the_fly": {}, "loaded_from_registry": {}}
+    history = None
+    replay_frame = frame
+    if any(a.needs_training for a in cfg.arms):
+        history, replay_frame = split_for_training(frame, cfg.train_fraction)
+        info["history_requests"] = len(history)
+    info["replay_requests"] = len(replay_frame)
+    fitted: dict[str, CompletionEstimator] = {}
+    cache: dict[tuple[str, str | None], CompletionEstimator] = {}
+    for arm in cfg.arms:
+        if arm.estimator is None or arm.estimator in ("oracle", "noisy-oracle"):
+            continue
+        key = (arm.estimator, arm.model_uri)
+        if key not in cache:
+            if progress and arm.estimator != "none":
+                what = f"loading {arm.model_uri}" if arm.model_uri else "training"
+                progress(f"{what} estimator '{arm.estimator}'")
+            horizon = int(arm.options.get("horizon", cfg.horizon)) or 1
+            cache[key] = build_estimator(
+                arm.estimator,
+                replay=replay_frame,
+                history=history,
+                horizon=max(1, horizon),
+                model_uri=arm.model_uri,
+            )
+        fitted[arm.label] = cache[key]
+        if arm.model_uri:
+            info["loaded_from_registry"][arm.label] = {
+                "model_uri": arm.model_uri,
+                "version": _model_version(arm.model_uri),
+            }
+        elif arm.needs_training:
+            info["trained_on_the_fly"][arm.label] = {"requests": len(history)}
+    return replay_frame, fitted, info
+
+
+def _model_version(uri: str) -> str | None:
+    """The registry version an alias URI resolves to, when it can be looked up."""
+    try:
+        from mlflow import MlflowClient
+
+        from training.registry import model_uri
+
+        full = model_uri(uri)
+        if full.startswith("models:/") and "@" in full:
+            name, alias = full[len("models:/") :].split("@", 1)
+            return str(MlflowClient().get_model_version_by_alias(name, alias).version)
+        if full.startswith("models:/"):
+            return full.rsplit("/", 1)[-1]
+    except Exception:
+        return None
+    return None
+
+
+def run_task(
+    task: Task,
+    replay_frame: pd.DataFrame,
+    estimator: CompletionEstimator | None,
+    cfg: ABConfig,
+) -> dict[str, Any]:
+    """Replay one (arm, G, repeat) and return its summary and plot material."""
+    frame = replay_frame.iloc[task.start : task.stop].reset_index(drop=True)
+    frame["arrival_s"] = frame["arrival_s"] - frame["arrival_s"].iloc[0]
+    arm = task.arm
+    est = copy.deepcopy(estimator)
+    if arm.estimator in ("oracle", "noisy-oracle"):
+        est = build_estimator(
+            arm.estimator,
+            replay=frame,
+            history=None,
+            horizon=max(1, int(arm.options.get("horizon", cfg.horizon))),
+        )
+        if arm.estimator == "noisy-oracle":
+            est.seed = cfg.seed + task.repeat
+    spec = ReplaySpec(
+        router=arm.router,
+        predictor=arm.estimator,
+        model_uri=arm.model_uri,
+        router_options=dict(arm.options),
+        workers=task.workers,
+        slots=cfg.slots,
+        seed=cfg.seed + task.repeat,
+        cost=cfg.cost,
+        prefill=PrefillConfig(saturate=cfg.saturate, rate_scale=cfg.rate_scale),
+        load=cfg.load,
+        horizon=cfg.horizon,
+    )
+    released, scale = released_requests(frame, spec)
+    result, summary = replay(
+        frame, spec, estimator=est, released=released, record_loads=task.keep_traces
+    )
+    summary["config"]["prefill"]["rate_scale"] = scale
+    out: dict[str, Any] = {
+        "arm": arm.label,
+        "workers": task.workers,
+        "repeat": task.repeat,
+        "summary": summary,
+        "releases_sha256": hashlib.sha256(
+            np.ascontiguousarray(released.release_s).tobytes()
+            + np.ascontiguousarray(released.table.trace_index).tobytes()
+        ).hexdigest(),
+    }
+    if task.keep_traces:
+        steady = result.waiting > 0
+        imb = result.imbalance[steady] if steady.any() else result.imbalance
+        step = max(1, imb.size // DIST_SAMPLE)
+        out["imbalance_sample"] = imb[::step].tolist()
+        idx = np.flatnonzero(steady) if steady.any() else np.arange(result.iterations)
+        mid = int(idx[len(idx) // 2]) if idx.size else 0
+        lo = max(0, min(mid - TRAJECTORY_WINDOW // 2, result.iterations - TRAJECTORY_WINDOW))
+        out["trajectory"] = {
+            "start": lo,
+            "loads": result.loads[lo : lo + TRAJECTORY_WINDOW].tolist(),
+        }
+    return out
+
+
+def run_ab(
+    frame: pd.DataFrame,
+    cfg: ABConfig,
+    *,
+    jobs: int = 1,
+    dask_scheduler: str | None = None,
+    progress=None,
+) -> dict[str, Any]:
+    """Run every (arm, G, repeat) task; returns raw task results and preparation info."""
+    from joblib import Parallel, delayed, parallel_config
+
+    replay_frame, fitted, info = prepare(frame, cfg, progress)
+    windows = replay_windows(len(replay_frame), cfg.repeats, cfg.window_fraction)
+    tasks = [
+        Task(arm, g, r, start, stop, keep_traces=(r == 0))
+        for g in cfg.workers
+        for r, (start, stop) in enumerate(windows)
+        for arm in cfg.arms
+    ]
+    if progress:
+        progress(
+            f"replaying {len(tasks)} tasks ({len(cfg.arms)} arms x {len(cfg.workers)} G x "
+            f"{len(windows)} repeats) with {jobs} job(s)"
+        )
+    calls = (delayed(run_task)(t, replay_frame, fitted.get(t.arm.label), cfg) for t in tasks)
+    if dask_scheduler:
+        from distributed import Client
+
+        with Client(dask_scheduler), parallel_config(backend="dask"):
+            results = Parallel(verbose=0)(calls)
+    else:
+        results = Parallel(n_jobs=jobs, verbose=0)(calls)
+    info["windows"] = windows
+    return {"tasks": results, "info": info}
+
+
+def bootstrap_mean_ci(
+    values: np.ndarray, seed: int = 0, n: int = 2000, level: float = 0.95
+) -> tuple[float, float, float]:
+    """Mean and percentile-bootstrap interval of the mean over repeats."""
+    values = np.asarray(values, dtype=np.float64)
+    point = float(values.mean())
+    if values.size < 2:
+        return point, point, point
+    rng = np.random.default_rng(seed)
+    means = values[rng.integers(0, values.size, (n, values.size))].mean(axis=1)
+    lo, hi = np.quantile(means, [(1 - level) / 2, 1 - (1 - level) / 2])
+    return point, float(min(lo, point)), float(max(hi, point))
+
+
+METRICS = (
+    "steady_mean_imbalance",
+    "mean_imbalance",
+    "tpot_p95_ms",
+    "throughput_tok_s",
+    "queue_delay_p99_s",
+    "max_queue_delay_s",
+    "max_overtaken",
+    "router_step_us_p50",
+)
+
+
+def aggregate(raw: dict[str, Any], cfg: ABConfig) -> dict[str, Any]:
+    """Per arm and G: the mean of every summary key over repeats, intervals and paired ratios."""
+    ref = cfg.reference_arm()
+    by: dict[tuple[str, int], list[dict]] = {}
+    for t in raw["tasks"]:
+        by.setdefault((t["arm"], t["workers"]), []).append(t)
+    for v in by.values():
+        v.sort(key=lambda t: t["repeat"])
+    arms: dict[str, Any] = {}
+    for arm in cfg.arms:
+        per_g = {}
+        for g in cfg.workers:
+            runs = by[(arm.label, g)]
+            refs = by[(ref, g)]
+            per_g[g] = _arm_stats(runs, refs, cfg.seed)
+        first = per_g[cfg.workers[0]]
+        entry = {**first}
+        if len(cfg.workers) > 1:
+            entry["by_workers"] = {str(g): per_g[g] for g in cfg.workers}
+        arms[arm.label] = entry
+    return {"arms": arms, "reference": ref}
+
+
+def _arm_stats(runs: list[dict], refs: list[dict], seed: int) -> dict[str, Any]:
+    summaries = [r["summary"] for r in runs]
+    out: dict[str, Any] = {}
+    for key, _value in summaries[0].items():
+        if key == "config":
+            continue
+        vals = [s[key] for s in summaries]
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
+            out[key] = float(np.mean(vals))
+        elif all(v is None for v in vals):
+            out[key] = None
+    intervals, ratios = {}, {}
+    for m in METRICS:
+        vals = np.array([_num(s.get(m)) for s in summaries])
+        base = np.array([_num(r["summary"].get(m)) for r in refs])
+        if np.isnan(vals).any():
+            continue
+        intervals[m] = bootstrap_mean_ci(vals, seed)
+        ok = ~np.isnan(base) & (base != 0)
+        if ok.all():
+            ratios[m] = bootstrap_mean_ci(vals / base, seed)
+    out["interval"] = {m: [lo, hi] for m, (_, lo, hi) in intervals.items()}
+    out["ratio_to_reference"] = {
+        m: {"mean": p, "low": lo, "high": hi} for m, (p, lo, hi) in ratios.items()
+    }
+    out["repeats"] = [
+        {k: s.get(k) for k in (*METRICS, "iterations", "completed_requests")} for s in summaries
+    ]
+    out["releases_sha256"] = [r["releases_sha256"] for r in runs]
+    out["config"] = summaries[0]["config"]
+    return out
+
+
+def _num(v: Any) -> float:
+    return float("nan") if v is None else float(v)
+
+
+def progress_printer(message: str) -> None:
+    print(f"ab: {message}", file=sys.stderr, flush=True)
+
+
+def with_reference_first(cfg: ABConfig) -> ABConfig:
+    """The same configuration with arms ordered reference first (report readability)."""
+    ref = cfg.reference_arm()
+    arms = sorted(cfg.arms, key=lambda a: a.label != ref)
+    return replace(cfg, arms=tuple(arms))

@@ -185,7 +185,8 @@ def run_task(
         "summary": summary,
         "releases_sha256": hashlib.sha256(
             np.ascontiguousarray(released.release_s).tobytes()
-            + np.ascontiguousarray(released.table.trace_index).tobytes()
+            + np.ascontiguousarray(released.prompt_tokens).tobytes()
+            + np.ascontiguousarray(released.output_tokens).tobytes()
         ).hexdigest(),
     }
     if task.keep_traces:

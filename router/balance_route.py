@@ -36,6 +36,7 @@ from router.scoring import discount_weights
 from router.state import Admissions, RouterState
 
 PROJECTIONS = ("cutoff", "expected")
+GAMMA_MIN, GAMMA_MAX = 0.5, 0.995
 PENALTIES = ("sum", "max")
 
 
@@ -46,6 +47,10 @@ class BalanceRouteConfig:
     horizon: int = field(default=80, metadata={"help": "lookahead H in iterations"})
     beta: float | None = field(default=14.67, metadata={"help": "overflow penalty (None = G)"})
     gamma: float = field(default=0.64, metadata={"help": "discount per lookahead iteration"})
+    auto_gamma: float | None = field(
+        default=None,
+        metadata={"help": "adapt gamma to 1 - X / (mean output of finished requests)"},
+    )
     r_max: int = field(default=4, metadata={"help": "stage-2 candidate window (subset search)"})
     s_greedy: int | None = field(
         default=None, metadata={"help": "stage 1 runs while free slots exceed this (None = G)"}
@@ -73,6 +78,7 @@ class BalanceRouteConfig:
             (self.horizon >= 0, f"horizon must be >= 0, got {self.horizon}"),
             (self.beta is None or self.beta > 0, f"beta must be > 0, got {self.beta}"),
             (0 < self.gamma <= 1, f"gamma must be in (0, 1], got {self.gamma}"),
+            (self.auto_gamma is None or self.auto_gamma > 0, "auto_gamma must be > 0"),
             (1 <= self.r_max <= 12, f"r_max must be in 1..12, got {self.r_max}"),
             (self.s_greedy is None or self.s_greedy >= 0, "s_greedy must be >= 0"),
             (self.window >= 1, f"window must be >= 1, got {self.window}"),
@@ -92,6 +98,22 @@ class BalanceRouteConfig:
 
 BR0_DEFAULTS = BalanceRouteConfig(horizon=0, beta=None, refresh=1)
 BRH_DEFAULTS = BalanceRouteConfig()
+
+
+class OutputMean:
+    """Exponentially weighted mean of finished requests' output lengths (about 1,000 of them)."""
+
+    def __init__(self, weight: float = 1e-3) -> None:
+        self.weight = weight
+        self.mean = 0.0
+        self.seen = 0
+
+    def update(self, outputs: np.ndarray) -> float:
+        for x in np.asarray(outputs, dtype=np.float64).tolist():
+            self.seen += 1
+            w = max(self.weight, 1.0 / self.seen)
+            self.mean += w * (x - self.mean)
+        return self.mean
 
 
 class BalanceRoutePolicy(Policy):
@@ -125,7 +147,9 @@ class BalanceRoutePolicy(Policy):
         g = ctx.workers
         self.beta = float(g if cfg.beta is None else cfg.beta)
         self.s_greedy = g if cfg.s_greedy is None else cfg.s_greedy
+        self.gamma = cfg.gamma
         self.weights = discount_weights(cfg.horizon, cfg.gamma)
+        self.output_mean = OutputMean()
         self.hs = np.arange(cfg.horizon + 1, dtype=np.float64)
         if cfg.horizon > 0 and self.estimator is None:
             self.estimator = NoPrediction(horizon=cfg.horizon).fit()
@@ -140,6 +164,8 @@ class BalanceRoutePolicy(Policy):
         self.refreshes = 0
 
     def on_complete(self, positions, output_tokens, finish_s, iteration) -> None:
+        if self.config.auto_gamma is not None and self.config.horizon > 0:
+            self._adapt_gamma(output_tokens)
         if self.config.horizon > 0 and self.projection.k0 is not None:
             self.projection.remove(positions)
         if self.estimator is not None and self.config.horizon > 0:
@@ -153,6 +179,14 @@ class BalanceRoutePolicy(Policy):
                 )
             )
 
+    def _adapt_gamma(self, output_tokens: np.ndarray) -> None:
+        """Auto discount: the lookahead that pays grows with the typical output length."""
+        mean = self.output_mean.update(output_tokens)
+        gamma = float(np.clip(1.0 - self.config.auto_gamma / mean, GAMMA_MIN, GAMMA_MAX))
+        if abs(gamma - self.gamma) > 0.002:
+            self.gamma = gamma
+            self.weights = discount_weights(self.config.horizon, gamma)
+
     def run_stats(self) -> dict[str, Any]:
         c = self.counters.tolist()
         return {
@@ -161,6 +195,7 @@ class BalanceRoutePolicy(Policy):
             "stage2_admissions": c[STAGE2],
             "fallback_singles": c[FALLBACK],
             "prediction_refreshes": self.refreshes,
+            "final_gamma": self.gamma,
         }
 
     def describe(self) -> dict[str, Any]:

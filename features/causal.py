@@ -1,0 +1,424 @@
+"""Causal features for (request, age) snapshots: only what was knowable at the snapshot time.
+
+One definition, two implementations that must agree value for value:
+
+- :func:`snapshot_features` builds features offline from a whole trace (training, evaluation);
+- :class:`OnlineHistory` keeps bounded state updated by ``observe()`` of finished requests and
+  builds the same features at predict time (router, HTTP service).
+
+Timing model for a trace (documented parameters of :class:`CausalConfig`): request ``i`` starts
+decoding at ``start_i = arrival_i + prompt_i / prefill_tokens_per_s`` and finishes at
+``start_i + output_i * assumed_tpot_s``; its snapshot at age ``a`` happens at
+``start_i + a * assumed_tpot_s``. "History" is the set of requests that FINISHED strictly before
+the snapshot time, restricted to the most recent ``window`` of them (what ``observe()`` keeps), so
+a future request's output can never leak into a past feature.
+
+Features (column order :attr:`CausalConfig.feature_names`): prompt size, age, EWMAs of finished
+output lengths (half-lives counted in completions), mean and std of the last ``recent`` outputs,
+mean of their prompts, completions per second over the last ``rate_window_s`` seconds, and for
+each key source (exact prompt length, prompt hash) and each key window (the whole window and
+shorter recent ones, since workloads drift): count, mean, std and last output of the same key,
+plus mean and last minus age.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.signal import lfilter
+
+from features.schema import TraceArrays
+from predict.keys import derive_keys
+
+GLOBAL_FEATURES: tuple[str, ...] = (
+    "recent_out_mean",
+    "recent_out_std",
+    "recent_in_mean",
+    "finish_rate",
+)
+KEY_STATS: tuple[str, ...] = ("count", "mean", "std", "last", "mean_minus_age", "last_minus_age")
+
+
+@dataclass(frozen=True, slots=True)
+class CausalConfig:
+    """Parameters shared by the offline builder and the online state."""
+
+    assumed_tpot_s: float = 0.06  # seconds per decode step (the paper's engine step)
+    prefill_tokens_per_s: float = 10_000.0  # prefill estimate: prompt / rate seconds
+    window: int = 131_072  # completions kept for rolling and per-key statistics
+    key_windows: tuple[int, ...] = (4096, 512)  # shorter per-key windows, besides ``window``
+    recent: int = 256  # completions in the rolling output/input statistics
+    ewma_halflives: tuple[int, ...] = (16, 256)  # in completions
+    rate_window_s: float = 60.0  # seconds for the completion-rate statistic
+    key_sources: tuple[str, ...] = ("exact-length", "hash")
+    feature_names: tuple[str, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.recent <= self.window:
+            raise ValueError("need 1 <= recent <= window")
+        if any(not 1 <= w <= self.window for w in self.key_windows):
+            raise ValueError("need 1 <= key window <= window")
+        names = ["prompt_tokens", "age"]
+        names += [f"ewma_out_{h}" for h in self.ewma_halflives]
+        names += list(GLOBAL_FEATURES)
+        names += [f"{src}_w{w}_{stat}" for src, w in self.key_tables for stat in KEY_STATS]
+        object.__setattr__(self, "feature_names", tuple(names))
+
+    @property
+    def key_tables(self) -> tuple[tuple[str, int], ...]:
+        """(key source, window) of every per-key statistic table."""
+        wins = (self.window, *self.key_windows)
+        return tuple((src, w) for src in self.key_sources for w in wins)
+
+    def decode_start(self, arrival_s: np.ndarray, prompt_tokens: np.ndarray) -> np.ndarray:
+        """Estimated decode start times: arrival plus the prefill estimate."""
+        prefill = 0.0 if self.prefill_tokens_per_s <= 0 else 1.0 / self.prefill_tokens_per_s
+        return arrival_s + prompt_tokens * prefill
+
+    def finish_times(self, trace: TraceArrays) -> np.ndarray:
+        """Estimated finish time of every request of a trace."""
+        start = self.decode_start(trace.arrival_s, trace.prompt_tokens)
+        return start + trace.output_tokens * self.assumed_tpot_s
+
+    def snapshot_times(self, trace: TraceArrays, index: np.ndarray, age: np.ndarray) -> np.ndarray:
+        """Time at which request ``index`` has generated ``age`` tokens."""
+        start = self.decode_start(trace.arrival_s[index], trace.prompt_tokens[index])
+        return start + age * self.assumed_tpot_s
+
+
+def _alpha(halflife: int) -> float:
+    return 1.0 - 0.5 ** (1.0 / max(int(halflife), 1))
+
+
+def _ewma_run(x: np.ndarray, alpha: float, state: float) -> np.ndarray:
+    """EWMA after each element of ``x``, starting from ``state`` (NaN = no history yet)."""
+    x = x.astype(np.float64)
+    if np.isnan(state):
+        state = float(x[0])
+    out, _ = lfilter([alpha], [1.0, -(1.0 - alpha)], x, zi=[(1.0 - alpha) * state])
+    return out
+
+
+def _key_stats(
+    count: np.ndarray, s1: np.ndarray, s2: np.ndarray, last: np.ndarray, age: np.ndarray
+) -> np.ndarray:
+    """Per-key feature columns (KEY_STATS order) from integer window sums; NaN without history."""
+    c = count.astype(np.float64)
+    has = c > 0
+    safe = np.where(has, c, 1.0)
+    mean = np.where(has, s1 / safe, np.nan)
+    var = np.where(has, s2 / safe - (s1 / safe) ** 2, np.nan)
+    std = np.sqrt(np.clip(var, 0.0, None))
+    lastf = np.where(has, last.astype(np.float64), np.nan)
+    a = age.astype(np.float64)
+    return np.column_stack([c, mean, std, lastf, mean - a, lastf - a])
+
+
+def _global_stats(
+    cnt: np.ndarray, out_sum: np.ndarray, out_sq: np.ndarray, in_sum: np.ndarray
+) -> np.ndarray:
+    """Rolling output mean/std and input mean (GLOBAL_FEATURES order; the rate comes apart)."""
+    c = cnt.astype(np.float64)
+    has = c > 0
+    safe = np.where(has, c, 1.0)
+    mean = np.where(has, out_sum / safe, np.nan)
+    var = np.where(has, out_sq / safe - (out_sum / safe) ** 2, np.nan)
+    return np.column_stack(
+        [mean, np.sqrt(np.clip(var, 0.0, None)), np.where(has, in_sum / safe, np.nan)]
+    )
+
+
+def _rate(n_in_window: np.ndarray, cfg: CausalConfig) -> np.ndarray:
+    return n_in_window.astype(np.float64) / cfg.rate_window_s
+
+
+def _cumsum0(x: np.ndarray) -> np.ndarray:
+    out = np.zeros(x.shape[0] + 1, dtype=np.int64)
+    np.cumsum(x, out=out[1:])
+    return out
+
+
+def snapshot_features(
+    history: TraceArrays,
+    time_s: np.ndarray,
+    prompt_tokens: np.ndarray,
+    age: np.ndarray,
+    prompt_key: np.ndarray | None,
+    cfg: CausalConfig,
+) -> np.ndarray:
+    """Feature matrix ``(n, F)`` for snapshots at ``time_s`` given a trace's finished requests.
+
+    Only history requests whose estimated finish time is strictly before a snapshot's time, and
+    among those the latest ``cfg.window``, contribute to that snapshot's features.
+    """
+    finish = cfg.finish_times(history)
+    order = np.argsort(finish, kind="stable")
+    fin_sorted = finish[order]
+    out = history.output_tokens[order].astype(np.int64)
+    inp = history.prompt_tokens[order].astype(np.int64)
+    n_hist = out.shape[0]
+    time_s = np.asarray(time_s, dtype=np.float64)
+    n_done = np.searchsorted(fin_sorted, time_s, side="left")
+    lo_win = np.maximum(n_done - cfg.window, 0)
+
+    cols = [prompt_tokens.astype(np.float64), age.astype(np.float64)]
+    for hl in cfg.ewma_halflives:
+        e = np.full(n_hist + 1, np.nan)
+        if n_hist:
+            e[1:] = _ewma_run(out, _alpha(hl), np.nan)
+        cols.append(e[n_done])
+
+    lo_rec = np.maximum(n_done - cfg.recent, 0)
+    cs_out, cs_sq, cs_in = _cumsum0(out), _cumsum0(out * out), _cumsum0(inp)
+    glob = _global_stats(
+        n_done - lo_rec,
+        cs_out[n_done] - cs_out[lo_rec],
+        cs_sq[n_done] - cs_sq[lo_rec],
+        cs_in[n_done] - cs_in[lo_rec],
+    )
+    first_in_rate = np.searchsorted(fin_sorted, time_s - cfg.rate_window_s, side="left")
+    rate = _rate(n_done - np.maximum(first_in_rate, lo_win), cfg)
+    cols += [glob, rate[:, None]]
+
+    for src in cfg.key_sources:
+        hist_keys = derive_keys(src, history.prompt_tokens, history.prompt_key)[order]
+        q_keys = derive_keys(src, prompt_tokens, prompt_key)
+        wins = [w for s, w in cfg.key_tables if s == src]
+        cols += _offline_key_stats(hist_keys, out, q_keys, n_done, wins, age)
+    return np.column_stack(cols)
+
+
+def _offline_key_stats(
+    hist_keys: np.ndarray,
+    out: np.ndarray,
+    q_keys: np.ndarray,
+    n_done: np.ndarray,
+    windows: list[int],
+    age: np.ndarray,
+) -> list[np.ndarray]:
+    """Per-key window sums, one block per window, by one composite sort: (key id, rank)."""
+    valid = hist_keys != 0
+    uniq = np.unique(hist_keys[valid])
+    if uniq.size == 0:
+        z = np.zeros(q_keys.shape[0], dtype=np.int64)
+        return [_key_stats(z, z, z, z, age) for _ in windows]
+    stride = np.int64(out.shape[0] + 1)
+    ranks = np.flatnonzero(valid).astype(np.int64)
+    comp = np.searchsorted(uniq, hist_keys[valid]).astype(np.int64) * stride + ranks
+    srt = np.argsort(comp, kind="stable")
+    comp = comp[srt]
+    k_out = out[valid][srt]
+    cs1, cs2 = _cumsum0(k_out), _cumsum0(k_out * k_out)
+
+    kid_q = np.minimum(np.searchsorted(uniq, q_keys), uniq.size - 1)
+    found = (q_keys != 0) & (uniq[kid_q] == q_keys)
+    base = kid_q.astype(np.int64) * stride
+    hi = np.searchsorted(comp, base + n_done, side="left")
+    last_all = k_out[np.maximum(hi - 1, 0)]
+    blocks = []
+    for w in windows:
+        lo = np.searchsorted(comp, base + np.maximum(n_done - w, 0), side="left")
+        cnt = np.where(found, hi - lo, 0)
+        s1 = np.where(found, cs1[hi] - cs1[lo], 0)
+        s2 = np.where(found, cs2[hi] - cs2[lo], 0)
+        blocks.append(_key_stats(cnt, s1, s2, np.where(cnt > 0, last_all, 0), age))
+    return blocks
+
+
+def trace_snapshot_features(
+    trace: TraceArrays, index: np.ndarray, age: np.ndarray, cfg: CausalConfig
+) -> np.ndarray:
+    """Features of snapshots of a trace's own requests (rows ``index`` at ``age``)."""
+    return snapshot_features(
+        trace,
+        cfg.snapshot_times(trace, index, age),
+        trace.prompt_tokens[index],
+        age,
+        trace.prompt_key[index],
+        cfg,
+    )
+
+
+class KeyWindowTable:
+    """Per-key integer sums over the completions in the window; keys kept sorted for lookup."""
+
+    def __init__(self) -> None:
+        self.keys = np.zeros(0, dtype=np.uint64)
+        self.count = np.zeros(0, dtype=np.int64)
+        self.s1 = np.zeros(0, dtype=np.int64)
+        self.s2 = np.zeros(0, dtype=np.int64)
+        self.last = np.zeros(0, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return int(self.keys.size)
+
+    def add(self, keys: np.ndarray, out: np.ndarray) -> None:
+        """Add completions (in finish order); key 0 (none) is skipped."""
+        m = keys != 0
+        keys, out = keys[m], out[m]
+        if keys.size == 0:
+            return
+        uniq, first_rev = np.unique(keys[::-1], return_index=True)
+        last_idx = keys.size - 1 - first_rev
+        merged = np.union1d(self.keys, uniq)
+        if merged.size != self.keys.size:
+            pos_old = np.searchsorted(merged, self.keys)
+            for name in ("count", "s1", "s2", "last"):
+                arr = np.zeros(merged.size, dtype=np.int64)
+                arr[pos_old] = getattr(self, name)
+                setattr(self, name, arr)
+            self.keys = merged
+        pos = np.searchsorted(self.keys, keys)
+        np.add.at(self.count, pos, 1)
+        np.add.at(self.s1, pos, out)
+        np.add.at(self.s2, pos, out * out)
+        self.last[np.searchsorted(self.keys, uniq)] = out[last_idx]
+
+    def remove(self, keys: np.ndarray, out: np.ndarray) -> None:
+        """Remove completions that left the window; keys with no completion left are dropped."""
+        m = keys != 0
+        keys, out = keys[m], out[m]
+        if keys.size == 0:
+            return
+        pos = np.searchsorted(self.keys, keys)
+        np.subtract.at(self.count, pos, 1)
+        np.subtract.at(self.s1, pos, out)
+        np.subtract.at(self.s2, pos, out * out)
+        keep = self.count > 0
+        if not keep.all():
+            for name in ("keys", "count", "s1", "s2", "last"):
+                setattr(self, name, getattr(self, name)[keep])
+
+    def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, ...]:
+        """(count, s1, s2, last) per query key; zeros where the key has no history."""
+        if self.keys.size == 0:
+            z = np.zeros(keys.shape[0], dtype=np.int64)
+            return z, z, z, z
+        pos = np.minimum(np.searchsorted(self.keys, keys), self.keys.size - 1)
+        hit = (self.keys[pos] == keys) & (keys != 0)
+        return tuple(
+            np.where(hit, arr[pos], 0) for arr in (self.count, self.s1, self.s2, self.last)
+        )
+
+
+class OnlineHistory:
+    """Bounded state of recent completions that yields :func:`snapshot_features`' features.
+
+    A ring buffer of the last ``cfg.window`` completions, running EWMAs and one
+    :class:`KeyWindowTable` per key source: memory never exceeds O(window).
+    """
+
+    def __init__(self, cfg: CausalConfig) -> None:
+        self.cfg = cfg
+        w = cfg.window
+        self.out = np.zeros(w, dtype=np.int64)
+        self.inp = np.zeros(w, dtype=np.int64)
+        self.time = np.full(w, np.nan)
+        self.keys = {src: np.zeros(w, dtype=np.uint64) for src in cfg.key_sources}
+        self.tables = {kt: KeyWindowTable() for kt in cfg.key_tables}
+        self.ewma = np.full(len(cfg.ewma_halflives), np.nan)
+        self.size = 0  # valid entries (<= window)
+        self.total = 0  # completions ever observed
+
+    def observe(
+        self,
+        prompt_tokens: np.ndarray,
+        output_tokens: np.ndarray,
+        prompt_key: np.ndarray | None,
+        time_s: np.ndarray | None,
+    ) -> None:
+        """Add finished requests, in finish order."""
+        out = np.asarray(output_tokens, dtype=np.int64)
+        m = out.shape[0]
+        if m == 0:
+            return
+        inp = np.asarray(prompt_tokens, dtype=np.int64)
+        times = np.full(m, np.nan) if time_s is None else np.asarray(time_s, dtype=np.float64)
+        for j, hl in enumerate(self.cfg.ewma_halflives):
+            self.ewma[j] = _ewma_run(out, _alpha(hl), float(self.ewma[j]))[-1]
+        w = self.cfg.window
+        keep = slice(max(m - w, 0), m)
+        k = min(m, w)
+        slots = (self.total + m - k + np.arange(k)) % w  # logical position p lives at p % w
+        new_keys = {src: derive_keys(src, inp, prompt_key) for src in self.cfg.key_sources}
+        for (src, win), table in self.tables.items():
+            # logical positions leaving this window: [total - win, total + m - win) seen so far
+            first = max(self.total - win, 0)
+            stop = min(max(self.total + m - win, 0), self.total)
+            gone = np.arange(first, stop) % w
+            table.remove(self.keys[src][gone], self.out[gone])
+            entering = slice(max(m - win, 0), m)
+            table.add(new_keys[src][entering], out[entering])
+        for src in self.cfg.key_sources:
+            self.keys[src][slots] = new_keys[src][keep]
+        self.out[slots], self.inp[slots], self.time[slots] = out[keep], inp[keep], times[keep]
+        self.size = min(self.size + k, w)
+        self.total += m
+
+    def _recent_slots(self, n: int) -> np.ndarray:
+        return (self.total - n + np.arange(n)) % self.cfg.window
+
+    def features(
+        self,
+        time_s: float | None,
+        prompt_tokens: np.ndarray,
+        age: np.ndarray,
+        prompt_key: np.ndarray | None,
+    ) -> np.ndarray:
+        """Feature matrix ``(n, F)`` at ``time_s`` from the observed completions."""
+        n = age.shape[0]
+        cfg = self.cfg
+        cols = [prompt_tokens.astype(np.float64), age.astype(np.float64)]
+        cols += [np.full(n, e) for e in self.ewma]
+        rec = self._recent_slots(min(self.size, cfg.recent))
+        o, i = self.out[rec], self.inp[rec]
+        glob = _global_stats(
+            np.array([rec.size]),
+            np.array([o.sum()]),
+            np.array([(o * o).sum()]),
+            np.array([i.sum()]),
+        )
+        cols.append(np.repeat(glob, n, axis=0))
+        if time_s is None:
+            rate = np.full(n, np.nan)
+        else:
+            valid = self.time[self._recent_slots(self.size)]
+            rate = np.full(n, _rate(np.count_nonzero(valid >= time_s - cfg.rate_window_s), cfg))
+        cols.append(rate[:, None])
+        queries = {src: derive_keys(src, prompt_tokens, prompt_key) for src in cfg.key_sources}
+        for (src, _), table in self.tables.items():
+            cols.append(_key_stats(*table.lookup(queries[src]), age))
+        return np.column_stack(cols)
+
+
+def training_rows(
+    output_tokens: np.ndarray,
+    *,
+    step: int = 8,
+    per_request: int = 32,
+    max_rows: int = 1_000_000,
+    seed: int = 0,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(request index, age, weight) training snapshots: ages on the grid ``0, step, 2*step, ...``.
+
+    Each request keeps at most ``per_request`` grid ages, one drawn in each of that many equal
+    strata of its grid (so they stay spread over its life), and the weights ``1/rows`` give every
+    request the same total weight, like the evaluation's per-request snapshots. When the rows
+    exceed ``max_rows``, a seeded random subset of requests is kept: the history features still
+    come from every request, only the rows are thinned. Nothing of size (requests x grid) is built.
+    """
+    out = np.asarray(output_tokens, dtype=np.int64)
+    rng = np.random.default_rng(seed)
+    grid = -(-out // step)  # ages 0, step, ... strictly below the output length
+    k = np.minimum(grid, per_request)
+    req = np.arange(out.size)
+    if k.sum() > max_rows:
+        keep = np.sort(rng.permutation(out.size)[: max(int(max_rows // max(k.mean(), 1)), 1)])
+        req, k, grid = req[keep], k[keep], grid[keep]
+    rows_req = np.repeat(req, k)
+    j = np.arange(rows_req.size) - np.repeat(np.cumsum(k) - k, k)
+    g = np.repeat(grid, k)
+    kk = np.repeat(k, k)
+    age = step * np.floor((j + rng.random(rows_req.size)) * g / kk).astype(np.int64)
+    return rows_req, np.minimum(age, out[rows_req] - 1), 1.0 / kk

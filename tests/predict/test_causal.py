@@ -1,0 +1,99 @@
+"""Causal features: online state equals the offline builder, no leakage, bounded state, rows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from features.causal import CausalConfig, OnlineHistory, trace_snapshot_features, training_rows
+from features.schema import TraceArrays, to_arrays
+from features.synthetic import generate
+
+CFG = CausalConfig(window=300, recent=40, key_windows=(60, 7), ewma_halflives=(4, 64))
+
+
+@pytest.fixture(scope="module")
+def arrays() -> TraceArrays:
+    return to_arrays(generate("mooncake-conv", 1500, seed=5))
+
+
+def _snapshots(arrays: TraceArrays, n: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, arrays.size, n)
+    age = np.floor(rng.random(n) * arrays.output_tokens[idx]).astype(np.int64)
+    return idx, age
+
+
+def test_online_state_matches_offline_builder(arrays):
+    """Observing completions in time order (in uneven batches) gives the offline features."""
+    idx, age = _snapshots(arrays, 150)
+    offline = trace_snapshot_features(arrays, idx, age, CFG)
+    t = CFG.snapshot_times(arrays, idx, age)
+    finish = CFG.finish_times(arrays)
+    order = np.argsort(finish, kind="stable")
+    fin_sorted = finish[order]
+    hist = OnlineHistory(CFG)
+    rng = np.random.default_rng(1)
+    seen = 0
+    for q in np.argsort(t):
+        upto = int(np.searchsorted(fin_sorted, t[q], side="left"))
+        while seen < upto:
+            m = min(upto - seen, int(rng.integers(1, 500)))
+            sel = order[seen : seen + m]
+            hist.observe(
+                arrays.prompt_tokens[sel],
+                arrays.output_tokens[sel],
+                arrays.prompt_key[sel],
+                finish[sel],
+            )
+            seen += m
+        row = hist.features(
+            float(t[q]), arrays.prompt_tokens[idx[[q]]], age[[q]], arrays.prompt_key[idx[[q]]]
+        )[0]
+        np.testing.assert_allclose(row, offline[q], rtol=1e-9, atol=1e-9, equal_nan=True)
+
+
+def test_no_leakage_from_a_future_request(arrays):
+    """Changing a request's output changes no feature of snapshots taken before it finished."""
+    target = arrays.size // 2
+    finish = CFG.finish_times(arrays)
+    idx, age = _snapshots(arrays, 600, seed=2)
+    t = CFG.snapshot_times(arrays, idx, age)
+    before = trace_snapshot_features(arrays, idx, age, CFG)
+    out = arrays.output_tokens.copy()
+    out[target] += 1  # finishes one step later, with a different length
+    changed = TraceArrays(arrays.arrival_s, arrays.prompt_tokens, out, arrays.prompt_key)
+    after = trace_snapshot_features(changed, idx, age, CFG)
+    past = t <= finish[target]
+    assert past.any() and (~past).any()
+    np.testing.assert_array_equal(before[past], after[past])
+    assert not np.allclose(before[~past], after[~past], equal_nan=True)
+
+
+def test_online_memory_is_bounded(arrays):
+    hist = OnlineHistory(CFG)
+    finish = CFG.finish_times(arrays)
+    order = np.argsort(finish)
+    for lo in range(0, arrays.size, 100):
+        sel = order[lo : lo + 100]
+        hist.observe(
+            arrays.prompt_tokens[sel],
+            arrays.output_tokens[sel],
+            arrays.prompt_key[sel],
+            finish[sel],
+        )
+    assert hist.out.size == CFG.window
+    for (_, win), table in hist.tables.items():
+        assert len(table) <= win
+        assert table.count.sum() == min(win, arrays.size)
+
+
+def test_training_rows_grid_cap_and_weights():
+    out = np.array([1, 7, 8, 9, 400])
+    req, age, w = training_rows(out, step=4, per_request=5, max_rows=10_000, seed=0)
+    assert np.all(age < out[req]) and np.all(age % 4 == 0)
+    np.testing.assert_allclose(np.bincount(req, weights=w), np.ones(out.size))
+    assert np.bincount(req).max() == 5
+    big = np.full(100_000, 1000)
+    req, age, w = training_rows(big, step=8, per_request=32, max_rows=50_000, seed=0)
+    assert req.size <= 50_000 and np.unique(req).size > 1000

@@ -1,0 +1,61 @@
+"""Metric definitions and the time-ordered split's refusals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from features.errors import UserError
+from training.metrics import expected_calibration_error, score, score_by_age
+from training.snapshots import holdout_snapshots
+from training.split import time_split
+
+
+def test_score_known_values():
+    p = np.array([0.0, 1.0, 0.5, 0.5])
+    r = np.array([100, 3, 3, 100])  # finishing within H=10: no, yes, yes, no
+    c = np.array([10.0, 3.0, 5.0, 10.0])
+    m = score(p, c, r, 10)
+    assert m["brier"] == pytest.approx(0.125)
+    assert m["auc"] == pytest.approx(0.875)  # one tied pair
+    assert m["c_mae"] == pytest.approx(0.5)
+    assert m["ece"] == pytest.approx(0.0)
+    assert set(score_by_age(p, c, r, np.array([0, 20, 70, 2000]), 10)) == {
+        "0-15",
+        "16-63",
+        "64-255",
+        "1024+",
+    }
+
+
+def test_ece_detects_miscalibration():
+    y = np.array([0.0, 0.0, 1.0, 1.0])
+    assert expected_calibration_error(np.full(4, 0.9), y) == pytest.approx(0.4)
+
+
+def test_snapshots_are_seeded_and_valid():
+    out = np.array([1, 5, 50, 500, 5000])
+    a = holdout_snapshots(out, 2, 3, seed=4)
+    b = holdout_snapshots(out, 2, 3, seed=4)
+    np.testing.assert_array_equal(a[1], b[1])
+    assert np.all(a[1] < out[a[0]]) and a[0].min() == 2 and a[0].size == 9
+
+
+def _frame(n, outputs=None):
+    return pd.DataFrame(
+        {
+            "arrival_s": np.arange(n, dtype=float),
+            "prompt_tokens": np.full(n, 10),
+            "output_tokens": outputs if outputs is not None else np.arange(n) % 7 + 1,
+        }
+    )
+
+
+def test_split_refusals():
+    with pytest.raises(UserError, match="too short"):
+        time_split(_frame(40))
+    with pytest.raises(UserError, match="same output length"):
+        time_split(_frame(500, np.full(500, 3)))
+    train, test = time_split(_frame(500))
+    assert len(train) == 350 and train["arrival_s"].max() < test["arrival_s"].min()

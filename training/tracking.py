@@ -1,0 +1,36 @@
+"""MLflow setup: where runs go, telemetry off, fast failure when a tracking server is down."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from features.errors import UserError
+
+DEFAULT_MODEL_NAME = "completion-predictor"
+DEFAULT_EXPERIMENT = "completion-predictors"
+
+
+class TrackingError(UserError):
+    """The tracking store could not be reached or refused a write; local artifacts are kept."""
+
+    exit_code = 3
+
+
+def tracking_uri() -> str:
+    """``MLFLOW_TRACKING_URI`` if set, else a SQLite store in the working folder."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+
+
+def setup_mlflow(experiment: str | None = None) -> str:
+    """Point MLflow at :func:`tracking_uri` (and the experiment); returns the URI used."""
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+    import mlflow
+
+    uri = tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    if experiment is not None:
+        mlflow.set_experiment(experiment)
+    return uri

@@ -1,0 +1,233 @@
+"""``balanceroute train``: fit estimators on the earlier 70%, score them on the rest, track them.
+
+Order of work, so that nothing trained is ever lost: fit and evaluate every estimator, write the
+joblib files, metrics and plots to a local folder, and only then log to MLflow (params, metrics,
+artifacts, one pyfunc model per estimator registered as a version of one registered model, with a
+``kind`` tag, an alias per kind, ``champion``/``challenger`` by validation Brier). If tracking
+fails the run is marked FAILED and the error says where the local artifacts are.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from features.errors import UserError
+from features.workload import load_workload
+from predict.base import CompletionEstimator
+from predict.keys import check_key_source
+from predict.registry import estimator_names, make_estimator
+from training.evaluate import evaluate_estimator, flat_metrics, make_holdout, progress, write_report
+from training.tracking import DEFAULT_EXPERIMENT, DEFAULT_MODEL_NAME, TrackingError, tracking_uri
+
+DEFAULT_ESTIMATORS = ("survival", "exactmatch", "gbdt")
+AUTO_KEY = "auto"
+
+
+@dataclass(frozen=True, slots=True)
+class TrainConfig:
+    """Everything ``train`` needs; written as config.json next to the artifacts."""
+
+    trace: str | None = None
+    preset: str | None = None
+    requests: int | None = None
+    seed: int = 0
+    key_blocks: int = 2
+    horizon: int = 80
+    estimators: tuple[str, ...] = DEFAULT_ESTIMATORS
+    key: str = AUTO_KEY
+    experiment: str = DEFAULT_EXPERIMENT
+    register_as: str = DEFAULT_MODEL_NAME
+    out: str | None = None
+    train_fraction: float = 0.7
+    estimator_params: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def check_estimators(kinds: tuple[str, ...]) -> tuple[str, ...]:
+    """Refuse unknown or non-deployable estimator names before any work starts."""
+    known = [n for n in estimator_names() if n not in ("oracle", "none")]
+    bad = [k for k in kinds if k not in known]
+    if bad or not kinds:
+        raise UserError(
+            f"unknown estimator(s) {bad or kinds}; trainable estimators: {', '.join(known)}"
+        )
+    return kinds
+
+
+def resolve_key(key: str, trace: pd.DataFrame) -> str:
+    """``auto``: the prompt hash when the trace has keys, else the exact prompt length."""
+    if key == AUTO_KEY:
+        return "hash" if trace["prompt_key"].notna().any() else "exact-length"
+    return check_key_source(key)
+
+
+def build_estimator(cfg: TrainConfig, kind: str, key: str) -> CompletionEstimator:
+    """An unfitted estimator of ``kind`` with the run's horizon (and key for exactmatch)."""
+    params: dict[str, Any] = {"horizon": cfg.horizon, **cfg.estimator_params.get(kind, {})}
+    if kind == "exactmatch":
+        params["key"] = key
+    return make_estimator(kind, **params)
+
+
+def run_name() -> str:
+    return time.strftime("train-%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+
+
+def run_train(cfg: TrainConfig) -> dict[str, Any]:
+    """Train, evaluate, save locally, then log and register in MLflow; returns a summary."""
+    kinds = check_estimators(cfg.estimators)
+    if cfg.key != AUTO_KEY:
+        check_key_source(cfg.key)
+    if cfg.horizon < 1:
+        raise UserError(f"horizon must be at least 1, got {cfg.horizon}")
+    frame, source = load_workload(
+        trace=cfg.trace,
+        preset=cfg.preset,
+        requests=cfg.requests,
+        seed=cfg.seed,
+        key_blocks=cfg.key_blocks,
+    )
+    progress(f"loaded {len(frame):,} requests ({source['kind']}, sha256 {source['sha256'][:12]})")
+    holdout = make_holdout(frame, cfg.train_fraction, cfg.seed)
+    key = resolve_key(cfg.key, frame)
+    name = run_name()
+    out_dir = Path(cfg.out) if cfg.out else Path("artifacts") / "models" / name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    metrics: dict[str, dict[str, Any]] = {}
+    curves: dict[str, dict[str, list[float]]] = {}
+    files: dict[str, Path] = {}
+    params: dict[str, dict[str, Any]] = {}
+    for kind in kinds:
+        t0 = time.perf_counter()
+        progress(f"fitting {kind} on {len(holdout.train):,} requests")
+        est = build_estimator(cfg, kind, key).fit(holdout.train)
+        fit_s = time.perf_counter() - t0
+        files[kind] = est.save(out_dir / f"{kind}.joblib")
+        params[kind] = est.params()
+        progress(f"evaluating {kind} on {holdout.index.size:,} snapshots")
+        metrics[kind], curves[kind] = evaluate_estimator(est, holdout, cfg.horizon)
+        metrics[kind]["fit_seconds"] = fit_s
+        for k, v in getattr(est, "calibration_report_", {}).items():
+            metrics[kind][k] = v
+        progress(
+            f"{kind}: brier {metrics[kind]['brier']:.4f} auc {metrics[kind]['auc']:.4f} "
+            f"ece {metrics[kind]['ece']:.4f} ({fit_s:.1f}s fit)"
+        )
+    report = write_report(out_dir, metrics, curves)
+    summary: dict[str, Any] = {
+        "run_name": name,
+        "local_dir": str(out_dir.resolve()),
+        "key": key,
+        "n_train": holdout.first_test,
+        "n_test": holdout.arrays.size - holdout.first_test,
+        "source": source,
+        "config": asdict(cfg),
+        "estimator_params": params,
+        "metrics": {k: {m: v for m, v in d.items() if m != "by_age"} for k, d in metrics.items()},
+    }
+    (out_dir / "config.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    progress(f"artifacts saved locally in {out_dir.resolve()}")
+    try:
+        summary["registry"] = log_to_mlflow(cfg, summary, files, report, metrics, out_dir)
+    except TrackingError:
+        raise
+    except Exception as exc:
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise TrackingError(
+            f"tracking store {tracking_uri()} failed ({msg}); the trained artifacts are saved "
+            f"locally in {out_dir.resolve()}"
+        ) from None
+    return summary
+
+
+def _params(cfg: TrainConfig, summary: dict[str, Any]) -> dict[str, Any]:
+    src = summary["source"]
+    flat = {
+        "horizon": cfg.horizon,
+        "estimators": ",".join(cfg.estimators),
+        "key": summary["key"],
+        "train_fraction": cfg.train_fraction,
+        "n_train": summary["n_train"],
+        "n_test": summary["n_test"],
+        "seed": cfg.seed,
+        "source_kind": src["kind"],
+        "source": src.get("path") or src.get("preset"),
+        "trace_sha256": src["sha256"],
+        "trace_rows": src["rows"],
+    }
+    for kind, p in summary["estimator_params"].items():
+        flat.update({f"{kind}.{k}": v for k, v in p.items()})
+    return flat
+
+
+def log_to_mlflow(
+    cfg: TrainConfig,
+    summary: dict[str, Any],
+    files: dict[str, Path],
+    report: dict[str, Path],
+    metrics: dict[str, dict[str, Any]],
+    out_dir: Path,
+) -> dict[str, Any]:
+    """Log the run and register one model version per estimator; returns versions and aliases."""
+    from training.tracking import setup_mlflow
+
+    uri = setup_mlflow(cfg.experiment)
+    import mlflow
+    from mlflow import MlflowClient
+
+    from training.pyfunc import PIP_REQUIREMENTS, CompletionPyfunc, signature
+
+    progress(f"logging to MLflow at {uri}")
+    client = MlflowClient()
+    versions: dict[str, str] = {}
+    with mlflow.start_run(run_name=summary["run_name"]) as run:
+        mlflow.log_params(_params(cfg, summary))
+        mlflow.set_tags(
+            {"trace_sha256": summary["source"]["sha256"], "trace_rows": summary["source"]["rows"]}
+        )
+        mlflow.log_metrics(flat_metrics(metrics))
+        mlflow.log_dict(summary["source"], "trace.json")
+        for path in report.values():
+            mlflow.log_artifact(str(path), artifact_path="evaluation")
+        mlflow.log_artifact(str(out_dir / "config.json"))
+        for kind, path in files.items():
+            info = mlflow.pyfunc.log_model(
+                name=kind,
+                python_model=CompletionPyfunc(),
+                artifacts={"estimator": str(path)},
+                signature=signature(),
+                pip_requirements=PIP_REQUIREMENTS,
+                registered_model_name=cfg.register_as,
+            )
+            version = str(info.registered_model_version)
+            client.set_model_version_tag(cfg.register_as, version, "kind", kind)
+            client.set_model_version_tag(
+                cfg.register_as, version, "val_brier", f"{metrics[kind]['brier']:.5f}"
+            )
+            client.set_registered_model_alias(cfg.register_as, kind, version)
+            versions[kind] = version
+            progress(f"registered {cfg.register_as} version {version} ({kind})")
+        ranked = sorted(versions, key=lambda k: metrics[k]["brier"])
+        aliases = {"champion": ranked[0]}
+        client.set_registered_model_alias(cfg.register_as, "champion", versions[ranked[0]])
+        if len(ranked) > 1:
+            aliases["challenger"] = ranked[1]
+            client.set_registered_model_alias(cfg.register_as, "challenger", versions[ranked[1]])
+        mlflow.set_tag("champion", ranked[0])
+        progress(f"champion: {ranked[0]} (validation brier {metrics[ranked[0]]['brier']:.4f})")
+    return {
+        "tracking_uri": uri,
+        "run_id": run.info.run_id,
+        "model": cfg.register_as,
+        "versions": versions,
+        "aliases": {a: versions[k] for a, k in aliases.items()},
+        "champion": ranked[0],
+        "brier": {k: float(np.round(metrics[k]["brier"], 6)) for k in versions},
+    }

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from features.loaders import AUTO, FORMATS, detect_format, load_trace
+from features.split import time_split
 from features.stats import trace_stats
 from features.synthetic import PRESETS, generate
 from features.trace_io import write_trace
@@ -69,6 +70,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     inspect.add_argument("--json", action="store_true", help="print the summary as JSON")
     inspect.set_defaults(func=_inspect)
 
+    split = commands.add_parser(
+        "split",
+        help="cut a trace in two by time (earlier part, later part)",
+        description="Time-ordered split: the earlier share trains estimators, the later share "
+        "is replayed, so no model ever sees the outputs it is tested on. The later part's "
+        "arrival times restart at 0.",
+    )
+    split.add_argument("file", help="trace file (any supported layout)")
+    split.add_argument("--at", type=float, default=0.5, help="earlier share (default 0.5)")
+    split.add_argument("--format", default=AUTO, choices=[AUTO, *FORMATS])
+    split.add_argument("--key-blocks", type=_positive, default=2)
+    split.add_argument("--head", required=True, help="output file for the earlier part")
+    split.add_argument("--tail", required=True, help="output file for the later part")
+    split.set_defaults(func=_split)
+
 
 def _with_warnings(command: str, action: Callable[[], Any]) -> Any:
     """Run ``action``, printing each warning it raises as one line on stderr."""
@@ -85,6 +101,21 @@ def _synth(args: argparse.Namespace) -> int:
     frame = generate(args.preset, args.requests, seed=args.seed)
     path = write_trace(frame, args.out)
     print(f"wrote {len(frame)} requests (preset {args.preset}, seed {args.seed}) to {path}")
+    return 0
+
+
+def _split(args: argparse.Namespace) -> int:
+    """Write the earlier and later parts of a trace to two files."""
+    trace = _with_warnings(
+        "trace split", lambda: load_trace(args.file, format=args.format, key_blocks=args.key_blocks)
+    )
+    head, tail = time_split(trace, args.at, rebase_tail=True)
+    write_trace(head, args.head)
+    write_trace(tail, args.tail)
+    print(
+        f"wrote {len(head):,} earlier requests to {args.head} and {len(tail):,} later ones "
+        f"to {args.tail}"
+    )
     return 0
 
 

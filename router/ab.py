@@ -171,7 +171,6 @@ def run_task(
         cost=cfg.cost,
         prefill=PrefillConfig(saturate=cfg.saturate, rate_scale=cfg.rate_scale),
         load=cfg.load,
-        horizon=cfg.horizon,
     )
     released, scale = released_requests(frame, spec)
     result, summary = replay(

@@ -11,9 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from features.errors import UserError
-from router.balance_route import BalanceRouteConfig
-
-BR_ROUTERS = ("br0", "brh")
+from router.balance_route import BalanceRouteConfig, takes_estimator, takes_options
 
 
 @dataclass(frozen=True)
@@ -88,22 +86,24 @@ def parse_arm(text: str) -> Arm:
             f"arm '{text}': unknown router '{router}'; known routers: {', '.join(known_routers)}"
             f"; known estimators: {', '.join(known_est)}"
         )
-    if estimator and router != "brh":
-        raise UserError(f"arm '{text}': only brh takes an estimator (router:estimator)")
+    if estimator and not takes_estimator(router):
+        raise UserError(
+            f"arm '{text}': only brh and brh-paper take an estimator (router:estimator)"
+        )
     if estimator and estimator not in known_est:
         raise UserError(
             f"arm '{text}': unknown estimator '{estimator}'; known estimators: "
             f"{', '.join(known_est)}; known routers: {', '.join(known_routers)}"
         )
-    if options and router not in BR_ROUTERS:
-        raise UserError(f"arm '{text}': only br0 and brh take options")
+    if options and not takes_options(router):
+        raise UserError(f"arm '{text}': only br0, brh and brh-paper take options")
     unknown = set(options) - set(BalanceRouteConfig.__dataclass_fields__)
     if unknown:
         raise UserError(
             f"arm '{text}': unknown option(s) {sorted(unknown)}; known: "
             f"{sorted(BalanceRouteConfig.__dataclass_fields__)}"
         )
-    if router == "brh" and not estimator:
+    if takes_estimator(router) and not estimator:
         estimator = "none"
     return Arm(text, router, estimator or None, uri or None, options)
 

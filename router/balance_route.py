@@ -45,19 +45,22 @@ class BalanceRouteConfig:
     """Knobs of BR-0/BR-H. ``None`` for ``beta``/``s_greedy`` means ``G`` (number of workers)."""
 
     horizon: int = field(default=80, metadata={"help": "lookahead H in iterations"})
-    beta: float | None = field(default=14.67, metadata={"help": "overflow penalty (None = G)"})
-    gamma: float = field(default=0.64, metadata={"help": "discount per lookahead iteration"})
+    beta: float | None = field(default=43.0, metadata={"help": "overflow penalty (None = G)"})
+    gamma: float = field(
+        default=0.9,
+        metadata={"help": "discount per lookahead iteration (start value with auto_gamma)"},
+    )
     auto_gamma: float | None = field(
-        default=None,
+        default=30.0,
         metadata={"help": "adapt gamma to 1 - X / (mean output of finished requests)"},
     )
     r_max: int = field(default=4, metadata={"help": "stage-2 candidate window (subset search)"})
     s_greedy: int | None = field(
-        default=None, metadata={"help": "stage 1 runs while free slots exceed this (None = G)"}
+        default=0, metadata={"help": "stage 1 runs while free slots exceed this (None = G)"}
     )
     window: int = field(default=32, metadata={"help": "stage-1 candidate window"})
     projection: str = field(default="cutoff", metadata={"help": "cutoff | expected"})
-    refill: bool = field(default=False, metadata={"help": "project freed slots refilled"})
+    refill: bool = field(default=True, metadata={"help": "project freed slots refilled"})
     penalty: str = field(default="sum", metadata={"help": "sum | max over the horizon"})
     refresh: int = field(default=1, metadata={"help": "iterations between predictions"})
     max_overtake: int | None = field(
@@ -96,8 +99,22 @@ class BalanceRouteConfig:
         return asdict(self)
 
 
-BR0_DEFAULTS = BalanceRouteConfig(horizon=0, beta=None, refresh=1)
+BR0_DEFAULTS = BalanceRouteConfig(
+    horizon=0, beta=None, gamma=0.64, auto_gamma=None, s_greedy=None, refill=False, refresh=1
+)
 BRH_DEFAULTS = BalanceRouteConfig()
+# The paper's BR-H as published: (beta, gamma) = (14.67, 0.64), H = 80, predictions refreshed
+# every H iterations, stage 2 once free slots are few, no fairness guard.
+PAPER_BRH = BalanceRouteConfig(
+    horizon=80,
+    beta=14.67,
+    gamma=0.64,
+    refresh=80,
+    s_greedy=None,
+    refill=False,
+    auto_gamma=None,
+    max_overtake=None,
+)
 
 
 class OutputMean:
@@ -309,3 +326,26 @@ class BRHPolicy(BalanceRoutePolicy):
 
     name = "brh"
     defaults = BRH_DEFAULTS
+
+
+@register
+class PaperBRHPolicy(BalanceRoutePolicy):
+    """BR-H exactly as the paper published it (``beta, gamma = 14.67, 0.64``), for comparison."""
+
+    name = "brh-paper"
+    defaults = PAPER_BRH
+
+
+def takes_options(router: str) -> bool:
+    """Whether a registered router is a BalanceRoute policy (br0, brh, brh-paper)."""
+    from router.policy import policy_class
+
+    return issubclass(policy_class(router), BalanceRoutePolicy)
+
+
+def takes_estimator(router: str) -> bool:
+    """Whether a registered router projects loads with a completion estimator."""
+    from router.policy import policy_class
+
+    cls = policy_class(router)
+    return issubclass(cls, BalanceRoutePolicy) and cls.defaults.horizon > 0

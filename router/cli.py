@@ -150,7 +150,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         key_blocks=args.key_blocks,
     )
     predictor = args.predictor
-    if args.router == "brh" and predictor is None:
+    from router.balance_route import takes_estimator
+
+    if takes_estimator(args.router) and predictor is None:
         predictor = "none"
     spec = ReplaySpec(
         router=args.router,
@@ -176,7 +178,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                 f"the remaining {len(frame)}",
                 file=sys.stderr,
             )
-        horizon = spec.router_options.get("horizon", spec.horizon)
+        horizon = spec.router_options.get("horizon", 80)
         estimator = build_estimator(
             predictor,
             replay=frame,

@@ -13,6 +13,7 @@ import pandas as pd
 
 from features.errors import UserError
 from features.schema import to_arrays
+from features.split import time_split
 from predict.base import CompletionEstimator
 from predict.registry import make_estimator
 from router.cost import CostModel
@@ -38,29 +39,23 @@ class ReplaySpec:
     cost: CostModel = field(default_factory=CostModel)
     prefill: PrefillConfig = field(default_factory=PrefillConfig)
     load: float | None = None
-    horizon: int = 80
 
     def __post_init__(self) -> None:
         if self.workers < 1 or self.slots < 1:
             raise UserError(
                 f"need at least one worker and one slot, got G={self.workers}, B={self.slots}"
             )
-        if self.predictor is not None and self.router != "brh":
+        from router.balance_route import takes_estimator
+
+        if self.predictor is not None and not takes_estimator(self.router):
             raise UserError(
-                f"--predictor only applies to the brh router (got router '{self.router}')"
+                f"--predictor only applies to brh and brh-paper (got router '{self.router}')"
             )
 
 
 def split_for_training(frame: pd.DataFrame, fraction: float) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Time-ordered split: the earlier ``fraction`` trains, the rest is replayed."""
-    if not 0 < fraction < 1:
-        raise UserError(f"training fraction must be in (0, 1), got {fraction}")
-    cut = int(len(frame) * fraction)
-    if cut < 1 or cut >= len(frame):
-        raise UserError(f"a trace of {len(frame)} requests is too short to split at {fraction}")
-    replay = frame.iloc[cut:].reset_index(drop=True)
-    replay["arrival_s"] = replay["arrival_s"] - replay["arrival_s"].iloc[0]
-    return frame.iloc[:cut].reset_index(drop=True), replay
+    """Time-ordered split: the earlier ``fraction`` trains, the rest is replayed from t = 0."""
+    return time_split(frame, fraction, rebase_tail=True)
 
 
 def build_estimator(
@@ -92,11 +87,10 @@ def build_estimator(
 def build_policy(spec: ReplaySpec, estimator: CompletionEstimator | None) -> Policy:
     """The policy named by ``spec.router``, with its options and estimator."""
     cls = policy_class(spec.router)
-    if spec.router in ("br0", "brh"):
-        opts = dict(spec.router_options)
-        if spec.router == "brh":
-            opts.setdefault("horizon", spec.horizon)
-        return cls(estimator=estimator, **opts)
+    from router.balance_route import takes_options
+
+    if takes_options(spec.router):
+        return cls(estimator=estimator, **spec.router_options)
     if spec.router_options:
         raise UserError(
             f"router '{spec.router}' takes no options (got {sorted(spec.router_options)})"

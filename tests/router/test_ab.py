@@ -121,7 +121,7 @@ def _untimed(repeats: list[dict]) -> list[dict]:
     [
         ("fastest", "unknown router 'fastest'; known routers:"),
         ("brh:magic", "unknown estimator 'magic'; known estimators:"),
-        ("count-jsq:oracle", "only brh takes an estimator"),
+        ("count-jsq:oracle", "only brh and brh-paper take an estimator"),
         ("brh:oracle{gamma}", "is not name=value"),
         ("br0{bogus=1}", "unknown option"),
     ],

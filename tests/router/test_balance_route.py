@@ -158,7 +158,7 @@ def test_brh_with_none_at_horizon_zero_is_br0():
     rq = released(rng.integers(1, 4000, 300), rng.integers(1, 60, 300))
     cfg = SimConfig(workers=3, slots=5)
     a = simulate(rq, BR0Policy(), cfg)
-    b = simulate(rq, BRHPolicy(horizon=0, beta=None), cfg)
+    b = simulate(rq, BRHPolicy(horizon=0, beta=None, s_greedy=None), cfg)
     np.testing.assert_array_equal(a.worker, b.worker)
 
 

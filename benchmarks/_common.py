@@ -43,6 +43,7 @@ class Point:
     slots: int = 32
     load: float | None = None  # None = saturated
     repeats: int = 5
+    window: float = WINDOW
     tag: str = ""
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
@@ -52,12 +53,14 @@ class Point:
         return hashlib.sha1(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()
 
 
-_FRAMES: dict[tuple[str, int, int], pd.DataFrame] = {}
+_FRAMES: dict[tuple[str, int, int, float], pd.DataFrame] = {}
 
 
-def workload_frame(name: str, repeat: int, repeats: int = 5) -> pd.DataFrame:
+def workload_frame(
+    name: str, repeat: int, repeats: int = 5, window: float = WINDOW
+) -> pd.DataFrame:
     """The requests of one repeat: a window of a real trace, or a seeded synthetic trace."""
-    key = (name, repeat, repeats)
+    key = (name, repeat, repeats, window)
     if key in _FRAMES:
         return _FRAMES[key]
     from features.loaders import load_trace
@@ -67,12 +70,12 @@ def workload_frame(name: str, repeat: int, repeats: int = 5) -> pd.DataFrame:
     if "trace" in spec:
         full = load_trace(spec["trace"], key_blocks=spec.get("key_blocks", 2))
         n = len(full)
-        size = int(n * WINDOW)
-        start = int(round((n - size) * repeat / max(1, repeats - 1)))
+        size = int(n * window)
+        start = round((n - size) * repeat / max(1, repeats - 1))
         frame = full.iloc[start : start + size].reset_index(drop=True)
         frame["arrival_s"] = frame["arrival_s"] - frame["arrival_s"].iloc[0]
     else:
-        frame = generate(spec["preset"], spec["requests"], seed=repeat)
+        frame = generate(spec["preset"], int(spec["requests"] * window / WINDOW), seed=repeat)
     _FRAMES[key] = frame
     return frame
 
@@ -83,7 +86,7 @@ def run_point(point: Point) -> dict[str, Any]:
     from router.prefill import PrefillConfig
     from router.runner import ReplaySpec, replay
 
-    frame = workload_frame(point.workload, point.repeat, point.repeats)
+    frame = workload_frame(point.workload, point.repeat, point.repeats, point.window)
     est = None
     if point.predictor is not None:
         opts = dict(point.options)

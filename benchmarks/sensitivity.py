@@ -6,7 +6,8 @@ G=8, B=32, saturated and at 1.1x the estimated decode capacity, ``--repeats`` wi
 Each point: steady-state and whole-run mean imbalance as ratios to count-JSQ and to BR-0 (the
 paper's defaults), throughput ratio (paper-calibrated cost), p99 and maximum queueing delay as
 ratios to count-JSQ, and the most later requests that overtook one request. Medians over
-repeats. Results are cached in ``--cache`` (JSON lines), so an interrupted study resumes.
+repeats (windows of 35% of a trace by default). Variants whose fairness cost matters also run
+at 1.1x capacity, the others saturated only. Results are cached in ``--cache`` (JSON lines), so an interrupted study resumes.
 
 Knobs: S_greedy, stage-1 window, R_max, the paper's beta/gamma grid (beta in {1, 24, 48, 96} at
 gamma 0.9; gamma in {0.5, 0.7, 0.9, 1.0} at beta 48), horizon, auto-gamma scale, refresh
@@ -29,6 +30,18 @@ from router.balance_route import BRH_DEFAULTS, PAPER_BRH
 
 WORKLOADS = ("azure", "mooncake", "paper-prod")
 LOADS = (None, 1.1)
+# Variants whose fairness cost matters are also run at 1.1x capacity; the rest saturated only.
+FAIRNESS = (
+    "base",
+    "base:none",
+    "paper-defaults",
+    "s_greedy=8",
+    "s_greedy=64",
+    "window=128",
+    "guard=off",
+    "guard=256",
+    "refresh=80",
+)
 
 
 def variants() -> dict[str, tuple[str, str | None, dict]]:
@@ -47,11 +60,17 @@ def variants() -> dict[str, tuple[str, str | None, dict]]:
     for r in (2, 6):
         v[f"r_max={r}"] = ("brh", "oracle", {"r_max": r})
     for b in (1.0, 24.0, 48.0, 96.0):
-        v[f"beta={b:g},gamma=0.9"] = ("brh", "oracle", {"beta": b, "gamma": 0.9,
-                                                          "auto_gamma": None})
+        v[f"beta={b:g},gamma=0.9"] = (
+            "brh",
+            "oracle",
+            {"beta": b, "gamma": 0.9, "auto_gamma": None},
+        )
     for g in (0.5, 0.7, 0.9, 1.0):
-        v[f"gamma={g:g},beta=48"] = ("brh", "oracle", {"gamma": g, "beta": 48.0,
-                                                         "auto_gamma": None})
+        v[f"gamma={g:g},beta=48"] = (
+            "brh",
+            "oracle",
+            {"gamma": g, "beta": 48.0, "auto_gamma": None},
+        )
     for k in (15.0, 60.0):
         v[f"auto_gamma={k:g}"] = ("brh", "oracle", {"auto_gamma": k})
     for h in (20, 160):
@@ -81,6 +100,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--slots", type=int, default=32)
     ap.add_argument("--quick", action="store_true", help="base, none and paper points only")
+    ap.add_argument("--window", type=float, default=0.35, help="share of a trace per repeat")
     ap.add_argument("--cache", default=str(ROOT / "runs" / "sensitivity.jsonl"))
     args = ap.parse_args()
     base = BRH_DEFAULTS.as_dict()
@@ -93,17 +113,36 @@ def main() -> None:
         for load in LOADS:
             for rep in range(args.repeats):
                 for name, (router, pred, opts) in {**refs, **table}.items():
+                    if load is not None and name not in (*refs, *FAIRNESS):
+                        continue
                     o = options_for(base, opts) if router == "brh" else ()
-                    points.append(Point(workload=wl, repeat=rep, router=router, predictor=pred,
-                                        options=o, slots=args.slots, load=load,
-                                        repeats=max(args.repeats, 3), tag=name))
+                    points.append(
+                        Point(
+                            workload=wl,
+                            repeat=rep,
+                            router=router,
+                            predictor=pred,
+                            options=o,
+                            slots=args.slots,
+                            load=load,
+                            repeats=args.repeats,
+                            tag=name,
+                            window=args.window,
+                        )
+                    )
     results = run_points(points, Path(args.cache), jobs=args.jobs)
     cells: dict[tuple, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     for rec in results:
         s = rec["summary"]
         c = cells[(rec["workload"], rec["load"], rec["tag"])]
-        for key in ("steady_mean_imbalance", "mean_imbalance", "throughput_tok_s",
-                    "queue_delay_p99_s", "max_queue_delay_s", "max_overtaken"):
+        for key in (
+            "steady_mean_imbalance",
+            "mean_imbalance",
+            "throughput_tok_s",
+            "queue_delay_p99_s",
+            "max_queue_delay_s",
+            "max_overtaken",
+        ):
             c[key].append(s[key] if s[key] is not None else float("nan"))
     out: dict = {"base": base, "slots": args.slots, "repeats": args.repeats, "points": {}}
     for wl in WORKLOADS:
@@ -113,6 +152,8 @@ def main() -> None:
             br0 = cells[(wl, load, "br0")]
             for name in {**refs, **table}:
                 c = cells[(wl, load, name)]
+                if not c:
+                    continue
 
                 def ratio(key, ref, c=c):
                     return round(median(c[key]) / median(ref[key]), 4)

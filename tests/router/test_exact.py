@@ -103,3 +103,28 @@ def test_single_admission_fast_path_matches_the_milp():
             if free[gg] > 0
         )
         assert fast == pytest.approx(exact)
+
+
+def test_solve_step_command_reports_heuristic_and_exact(tmp_path, capsys):
+    import json
+
+    import balanceroute
+
+    state = {
+        "policy": "br0",
+        "workers": [
+            {"free_slots": 1, "running": [{"id": "a", "prompt_tokens": 900, "age": 10}]},
+            {"free_slots": 0, "running": [{"id": "b", "prompt_tokens": 1500, "age": 3}]},
+            {"free_slots": 2, "running": []},
+        ],
+        "pool": [{"id": f"p{i}", "prompt_tokens": s} for i, s in enumerate([5000, 800, 1300, 60])],
+    }
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(state))
+    assert balanceroute.main(["solve-step", "--state", str(path)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["exact"]["proven_optimal"]
+    assert out["heuristic"]["objective"] >= out["exact"]["objective"] - 1e-9
+    assert len(out["exact"]["admissions"]) == 3
+    path.write_text('{"policy": "br0", "workers": [], "pool": []}')
+    assert balanceroute.main(["solve-step", "--state", str(path)]) == 2

@@ -1,0 +1,90 @@
+"""Fixtures of the service tests: small fitted models on disk and real servers on loopback."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from service_helpers import Server
+
+from features.schema import hash_keys
+from features.synthetic import generate
+from predict.registry import make_estimator
+
+SMALL_PARAMS = {
+    "survival": {},
+    "exactmatch": {},
+    "gbdt": {"n_estimators": 20, "per_request": 4},
+}
+
+
+HERE = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``slow`` here run only when asked for (``-m slow``), as the marker says."""
+    if "slow" in (config.getoption("markexpr") or ""):
+        return
+    skip = pytest.mark.skip(reason="slow (MLflow registry round trip): run with -m slow")
+    for item in items:
+        if "slow" in item.keywords and HERE in item.path.parents:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def history() -> pd.DataFrame:
+    """A small synthetic trace with recurring prompt templates."""
+    return generate("paper-prod", 1200, seed=3)
+
+
+@pytest.fixture(scope="session")
+def key_pool(history: pd.DataFrame) -> np.ndarray:
+    """Hashed prompt keys of the trace (so per-key statistics are hit), plus an unseen one."""
+    keys = np.unique(hash_keys(history["prompt_key"]))[:50]
+    return np.concatenate((keys, np.array([12345], dtype=np.uint64)))
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory, history: pd.DataFrame) -> Path:
+    """``survival``, ``exactmatch`` and ``gbdt`` fitted on the trace, saved as joblib files."""
+    out = tmp_path_factory.mktemp("models")
+    for kind, params in SMALL_PARAMS.items():
+        make_estimator(kind, **params).fit(history).save(out / f"{kind}.joblib")
+    return out
+
+
+@pytest.fixture
+def start_server(tmp_path: Path) -> Iterator:
+    """Start servers for one test; every one is killed when the test ends."""
+    started: list[Server] = []
+
+    def start(model_uri: str, model_uri_b: str | None = None, **kwargs) -> Server:
+        log = tmp_path / f"server-{len(started)}.log"
+        server = Server(model_uri, model_uri_b, log=log, **kwargs)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def module_server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, model_dir: Path
+) -> Iterator[Server]:
+    """One server per test module; the module sets ``SERVER_ARMS`` (kinds of arms a and b)."""
+    a, b = getattr(request.module, "SERVER_ARMS", ("survival", "exactmatch"))
+    env = getattr(request.module, "SERVER_ENV", None)
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    server = Server(
+        str(model_dir / f"{a}.joblib"),
+        str(model_dir / f"{b}.joblib") if b else None,
+        env=env,
+        log=log,
+    )
+    yield server
+    server.stop()

@@ -1,0 +1,115 @@
+"""Helpers of the service tests: a real ``balanceroute serve`` process on a free loopback port."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import orjson
+
+from predict.base import CompletionEstimator
+
+REPO = Path(__file__).resolve().parents[2]
+TOKEN = "test-token-0123456789abcdef"
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """``balanceroute serve`` in a subprocess: started, waited for, killed by its own pid."""
+
+    def __init__(
+        self,
+        model_uri: str,
+        model_uri_b: str | None = None,
+        *,
+        env: dict[str, str] | None = None,
+        log: Path | None = None,
+        ready: bool = True,
+    ) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        args = [sys.executable, "-m", "balanceroute", "serve", "--model-uri", model_uri]
+        if model_uri_b:
+            args += ["--model-uri-b", model_uri_b]
+        args += ["--port", str(self.port)]
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("BALANCEROUTE_")}
+        full_env.update({"MLFLOW_DISABLE_TELEMETRY": "true", **(env or {})})
+        self.log_path = log
+        out = open(log, "wb") if log is not None else subprocess.DEVNULL
+        self.proc = subprocess.Popen(args, cwd=REPO, env=full_env, stdout=out, stderr=out)
+        self.wait("/readyz" if ready else "/healthz")
+
+    def wait(self, path: str, timeout_s: float = 90.0) -> None:
+        """Poll ``path`` until it answers 200 (or fail with the server's log)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}: {self.log()}")
+            try:
+                if httpx.get(self.url + path, timeout=1.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"server not ready at {self.url}{path}: {self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text()[-3000:] if self.log_path else ""
+
+    def stop(self) -> None:
+        """Kill the process (by its pid) and reap it."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def client(self, token: str | None = None) -> httpx.Client:
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30.0, trust_env=False)
+
+
+def load_model(model_dir: Path, kind: str) -> CompletionEstimator:
+    """A fresh in-process copy of a saved model (the server loads the same bytes)."""
+    return CompletionEstimator.load(model_dir / f"{kind}.joblib")
+
+
+def post(client: httpx.Client, path: str, body: Any) -> httpx.Response:
+    """POST an orjson body (numpy values allowed)."""
+    return client.post(
+        path,
+        content=orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY),
+        headers={"content-type": "application/json"},
+    )
+
+
+def running_rows(
+    prompt: Sequence[int], age: Sequence[int], keys: Sequence[int | str | None]
+) -> list[dict[str, Any]]:
+    """Request rows for ``POST /v1/predict``."""
+    return [
+        {"id": i, "prompt_tokens": int(p), "age": int(a), "prompt_key": k}
+        for i, (p, a, k) in enumerate(zip(prompt, age, keys, strict=True))
+    ]
+
+
+def random_running(rng: np.random.Generator, n: int, key_pool: Sequence[int]) -> dict:
+    """Random running requests: arrays and their rows (keys drawn from ``key_pool``)."""
+    prompt = rng.integers(1, 8000, n)
+    age = rng.integers(0, 3000, n)
+    keys = np.asarray(key_pool, dtype=np.uint64)[rng.integers(0, len(key_pool), n)]
+    rows = running_rows(prompt.tolist(), age.tolist(), keys.tolist())
+    return {"prompt": prompt, "age": age, "keys": keys, "rows": rows}

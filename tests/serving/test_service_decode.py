@@ -1,0 +1,115 @@
+"""The fast body decoders accept exactly what the strict pydantic models accept (no server)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from serving.decode import CompletedColumns, fast_observe, fast_predict
+from serving.models import CompletionLog
+from serving.schemas import ObserveRequest, PredictRequest
+
+ANY = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**64), max_value=2**64),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=5),
+    st.lists(st.integers(), max_size=2),
+)
+
+
+def mostly(valid: st.SearchStrategy, bad: st.SearchStrategy = ANY) -> st.SearchStrategy:
+    """``valid`` nine times in ten, else ``bad``: most bodies get through, some do not."""
+    return st.integers(0, 9).flatmap(lambda i: bad if i == 0 else valid)
+
+
+def record(required: dict, optional: dict) -> st.SearchStrategy[dict]:
+    """Objects with their required fields (mostly), optional ones, and now and then an extra."""
+    fields = {k: mostly(v) for k, v in {**required, **optional}.items()}
+    full = st.fixed_dictionaries(
+        {k: fields[k] for k in required},
+        optional={**{k: fields[k] for k in optional}, "extra": ANY},
+    )
+    return mostly(full, st.fixed_dictionaries({}, optional=fields))
+
+
+TOKENS = st.integers(min_value=0, max_value=2**31)
+KEY = st.one_of(st.none(), st.integers(min_value=-1, max_value=2**64 - 1), st.text(max_size=5))
+ID = st.one_of(st.integers(min_value=-(2**63), max_value=2**64 - 1), st.text(max_size=5))
+RUNNING = record({"id": ID, "prompt_tokens": TOKENS, "age": TOKENS}, {"prompt_key": KEY})
+PREDICT = record(
+    {"requests": st.lists(RUNNING, max_size=5)},
+    {
+        "model": st.text(max_size=5),
+        "survival": st.booleans(),
+        "time_s": st.floats(min_value=-1, max_value=1.1e12),
+        "horizon": st.integers(min_value=0, max_value=1025),
+    },
+)
+COMPLETED = record(
+    {"prompt_tokens": TOKENS, "output_tokens": TOKENS},
+    {"prompt_key": KEY, "time_s": st.floats(min_value=-1, max_value=10)},
+)
+OBSERVE = record({"completions": st.lists(COMPLETED, max_size=5)}, {})
+
+
+def _same(a, b) -> bool:
+    for name in a.__dataclass_fields__:
+        x, y = getattr(a, name), getattr(b, name)
+        if hasattr(x, "__dataclass_fields__"):
+            if not _same(x, y):
+                return False
+        elif isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
+            if x is None or y is None or x.dtype != y.dtype:
+                return False
+            if not np.array_equal(x, y, equal_nan=x.dtype.kind == "f"):
+                return False
+        elif x != y or type(x) is not type(y):
+            return False
+    return True
+
+
+@settings(max_examples=400, deadline=None)
+@given(PREDICT)
+def test_fast_predict_agrees_with_the_model(data) -> None:
+    fast = fast_predict(data)
+    try:
+        model = PredictRequest.model_validate(data)
+    except ValidationError:
+        assert fast is None
+        return
+    again = fast_predict(model.model_dump(exclude_unset=True))
+    assert again is not None
+    if fast is not None:
+        assert _same(fast, again)
+
+
+@settings(max_examples=400, deadline=None)
+@given(OBSERVE)
+def test_fast_observe_agrees_with_the_model(data) -> None:
+    fast = fast_observe(data)
+    try:
+        model = ObserveRequest.model_validate(data)
+    except ValidationError:
+        assert fast is None
+        return
+    again = fast_observe(model.model_dump(exclude_unset=True))
+    assert again is not None
+    if fast is not None:
+        assert _same(fast, again)
+
+
+@pytest.mark.parametrize("capacity", [0, 1, 5, 64])
+def test_the_completion_log_keeps_the_last_rows_in_order(capacity: int) -> None:
+    log = CompletionLog(capacity)
+    rows = np.arange(1, 40)
+    for chunk in np.array_split(rows, [3, 4, 20, 21]):
+        log.add(CompletedColumns(chunk, chunk * 10, chunk.astype(np.uint64), None))
+    kept = log.batch()
+    assert np.array_equal(kept.prompt_tokens, rows[len(rows) - min(capacity, len(rows)) :])
+    assert np.array_equal(kept.output_tokens, kept.prompt_tokens * 10)
+    assert np.isnan(kept.time_s).all()

@@ -67,6 +67,24 @@ def smallest_key_assign(
     return out
 
 
+def sampled_assign(
+    count: int, free: list[int], active: list[int], draws: list[list[float]]
+) -> list[int]:
+    """Each request samples open workers uniformly (one draw per sample, in ``[0, 1)``) and
+    joins the sampled worker with the fewest active requests (the first sampled on ties)."""
+    open_ = [g for g in range(len(free)) if free[g] > 0]
+    out = []
+    for row in draws:
+        picks = [open_[int(u * len(open_))] for u in row]
+        g = min(picks, key=active.__getitem__)
+        out.append(g)
+        active[g] += 1
+        free[g] -= 1
+        if free[g] == 0:
+            open_.remove(g)
+    return out
+
+
 @register
 class RandomPolicy(FCFSPolicy):
     """Uniform among workers with a free slot."""
@@ -78,15 +96,7 @@ class RandomPolicy(FCFSPolicy):
         self.rng = np.random.default_rng(ctx.seed)
 
     def assign(self, count, free, active, loads, prompts) -> list[int]:
-        open_ = [g for g in range(len(free)) if free[g] > 0]
-        out = []
-        for u in self.rng.random(count).tolist():
-            g = open_[int(u * len(open_))]
-            out.append(g)
-            free[g] -= 1
-            if free[g] == 0:
-                open_.remove(g)
-        return out
+        return sampled_assign(count, free, active, self.rng.random((count, 1)).tolist())
 
 
 @register
@@ -124,18 +134,7 @@ class PowerOfTwoPolicy(FCFSPolicy):
         self.rng = np.random.default_rng(ctx.seed)
 
     def assign(self, count, free, active, loads, prompts) -> list[int]:
-        open_ = [g for g in range(len(free)) if free[g] > 0]
-        out = []
-        for u, v in self.rng.random((count, 2)).tolist():
-            a = open_[int(u * len(open_))]
-            b = open_[int(v * len(open_))]
-            g = b if active[b] < active[a] else a
-            out.append(g)
-            active[g] += 1
-            free[g] -= 1
-            if free[g] == 0:
-                open_.remove(g)
-        return out
+        return sampled_assign(count, free, active, self.rng.random((count, 2)).tolist())
 
 
 @register

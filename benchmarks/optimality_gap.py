@@ -51,6 +51,7 @@ class Recorder(Policy):
         if take:
             loads = self.inner._projected_loads(state)
             cfg = self.inner.config
+            gamma = self.inner.gamma
             cand = state.pool.head(state.admissions_due + max(cfg.window, cfg.r_max))
         adm = self.inner.route(state)
         if take:
@@ -62,7 +63,7 @@ class Recorder(Policy):
                     "prompts": state.requests.prompt_tokens[cand].astype(float),
                     "chosen": [where[int(p)] for p in adm.positions.tolist()],
                     "workers": adm.workers.tolist(),
-                    "gamma": cfg.gamma,
+                    "gamma": gamma,
                 }
             )
         return adm
@@ -93,7 +94,7 @@ def gaps(samples: list[dict]) -> dict:
 
 def main() -> None:
     from predict.oracle import OracleEstimator
-    from router.balance_route import BR0Policy, BRHPolicy
+    from router.balance_route import BR0Policy, BRHPolicy, PaperBRHPolicy
     from router.prefill import PrefillConfig
     from router.runner import ReplaySpec, released_requests
     from router.simulator import SimConfig, simulate
@@ -110,7 +111,8 @@ def main() -> None:
         rq, _ = released_requests(frame, spec)
         arms = {
             "br0": BR0Policy(),
-            "brh-oracle-paper": BRHPolicy(estimator=OracleEstimator().fit(frame)),
+            "brh-oracle": BRHPolicy(estimator=OracleEstimator().fit(frame)),
+            "brh-paper-oracle": PaperBRHPolicy(estimator=OracleEstimator().fit(frame)),
         }
         out[wl] = {}
         for name, inner in arms.items():

@@ -71,6 +71,7 @@ class LoadProjection:
         self.row_of = np.full(n_requests, -1, dtype=np.int64)
         self.extra_worker = np.full(n_requests, -1, dtype=np.int64)
         self.extra_const = np.zeros(n_requests)
+        self.added: list[int] = []  # positions admitted since the last rebuild
         self.positions = np.zeros(0, dtype=np.int64)
 
     def _start(self, k: int, positions: np.ndarray, workers: np.ndarray) -> None:
@@ -79,9 +80,9 @@ class LoadProjection:
         self.row_of[positions] = np.arange(positions.shape[0])
         self.positions = positions
         self.workers_of = workers
-        live = self.extra_worker >= 0
-        if live.any():
-            self.extra_worker[live] = -1
+        if self.added:
+            self.extra_worker[self.added] = -1
+            self.added = []
         self.count = np.zeros(self.workers)
         self.const = np.zeros(self.workers)
 
@@ -130,6 +131,7 @@ class LoadProjection:
         const = float(prompt) - (k - self.k0)
         self.extra_worker[position] = worker
         self.extra_const[position] = const
+        self.added.append(position)
         self.count[worker] += 1.0
         self.const[worker] += const
 

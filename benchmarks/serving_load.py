@@ -46,12 +46,14 @@ TARGETS = {
 
 
 def free_port() -> int:
+    """A loopback TCP port nobody listens on right now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
 def log(msg: str) -> None:
+    """Progress on stderr (stdout is the JSON report)."""
     print(f"[serving_load] {msg}", file=sys.stderr, flush=True)
 
 
@@ -195,12 +197,14 @@ class Process:
 
 
 def start_ours(uri: str, env: dict[str, str], cwd: Path) -> Process:
+    """``balanceroute serve`` on a free port (its default settings unless ``env`` says)."""
     port = free_port()
     args = [sys.executable, "-m", "balanceroute", "serve", "--model-uri", uri, "--port", str(port)]
     return Process("balanceroute", args, {**env, "PYTHONPATH": str(REPO)}, "/readyz", cwd, port)
 
 
 def start_mlflow(kind: str, env: dict[str, str], cwd: Path) -> Process:
+    """``mlflow models serve --env-manager local`` of the same registered version."""
     port = free_port()
     mlflow = shutil.which("mlflow", path=env["PATH"]) or "mlflow"
     args = [
@@ -223,6 +227,7 @@ def start_mlflow(kind: str, env: dict[str, str], cwd: Path) -> Process:
 
 
 def call(conn: http.client.HTTPConnection, path: str, body: bytes) -> tuple[int, bytes]:
+    """One POST on a kept-alive connection: status and body."""
     conn.request("POST", path, body=body, headers={"content-type": "application/json"})
     resp = conn.getresponse()
     return resp.status, resp.read()
@@ -268,6 +273,25 @@ def load(port: int, path: str, bodies: list[bytes], clients: int, seconds: float
         "p50_ms": round(float(np.percentile(lat, 50)), 2),
         "p99_ms": round(float(np.percentile(lat, 99)), 2),
         "mean_ms": round(float(lat.mean()), 2),
+    }
+
+
+def model_floor(path: Path, bodies: list[bytes], repeats: int = 50) -> dict[str, float]:
+    """The estimator alone, in this process, on the same batches: what no server can beat."""
+    from predict.base import CompletionEstimator
+    from serving.decode import decode_predict
+    from serving.inference import running_batch
+
+    est = CompletionEstimator.load(path)
+    batches = [running_batch(decode_predict(orjson.loads(b), 16_384).running, None) for b in bodies]
+    times = []
+    for j in range(repeats):
+        t0 = time.perf_counter()
+        est.predict(batches[j % len(batches)])
+        times.append((time.perf_counter() - t0) * 1e3)
+    return {
+        "p50_ms": round(float(np.percentile(times, 50)), 2),
+        "p99_ms": round(float(np.percentile(times, 99)), 2),
     }
 
 
@@ -338,11 +362,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     theirs.stop()
         finally:
             ours.stop()
-    local = workdir / "artifacts" / "gbdt.joblib"
-    if local.is_file():
-        server = start_ours(str(local), env, workdir)
-        rss["balanceroute:gbdt (local joblib, no mlflow import)"] = server.rss_mb()
-        server.stop()
+    floor = {
+        kind: model_floor(workdir / "artifacts" / f"{kind}.joblib", ours_bodies)
+        for kind in KINDS
+        if (workdir / "artifacts" / f"{kind}.joblib").is_file()
+    }
+    predict_only = start_ours(
+        f"models:/{MODEL}@gbdt", {**env, "BALANCEROUTE_WARM_ROUTER": "false"}, workdir
+    )
+    try:
+        load(predict_only.port, "/v1/predict", ours_bodies, 8, min(args.seconds, 3.0))
+        rss["balanceroute:gbdt (predict only: router never loaded)"] = predict_only.rss_mb()
+    finally:
+        predict_only.stop()
     return {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "machine": {
@@ -356,6 +388,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "results": results,
         "rss_mb": rss,
         "startup_s": startup,
+        "estimator_only_in_process": floor,
         "gbdt_max_abs_diff_p_finish_vs_mlflow": agree,
         "targets": targets(results, rss),
     }

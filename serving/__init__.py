@@ -1,0 +1,1 @@
+"""The prediction and routing service (``balanceroute serve``) and the router's HTTP client."""

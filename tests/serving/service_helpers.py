@@ -29,7 +29,12 @@ def free_port() -> int:
 
 
 class Server:
-    """``balanceroute serve`` in a subprocess: started, waited for, killed by its own pid."""
+    """The service in a subprocess: started, waited for, killed by its own pid.
+
+    ``via_cli`` starts ``balanceroute serve --model-uri ...`` (which checks its flags, then execs
+    ``python -m serving``); by default ``python -m serving`` is started directly with the same
+    settings in ``BALANCEROUTE_*``, which skips building the whole CLI first.
+    """
 
     def __init__(
         self,
@@ -39,15 +44,22 @@ class Server:
         env: dict[str, str] | None = None,
         log: Path | None = None,
         ready: bool = True,
+        via_cli: bool = False,
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        args = [sys.executable, "-m", "balanceroute", "serve", "--model-uri", model_uri]
-        if model_uri_b:
-            args += ["--model-uri-b", model_uri_b]
-        args += ["--port", str(self.port)]
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("BALANCEROUTE_")}
         full_env.update({"MLFLOW_DISABLE_TELEMETRY": "true", **(env or {})})
+        if via_cli:
+            args = [sys.executable, "-m", "balanceroute", "serve", "--model-uri", model_uri]
+            args += ["--model-uri-b", model_uri_b] if model_uri_b else []
+            args += ["--port", str(self.port)]
+        else:
+            args = [sys.executable, "-m", "serving"]
+            full_env["BALANCEROUTE_MODEL_URI"] = model_uri
+            full_env["BALANCEROUTE_PORT"] = str(self.port)
+            if model_uri_b:
+                full_env["BALANCEROUTE_MODEL_URI_B"] = model_uri_b
         self.log_path = log
         out = open(log, "wb") if log is not None else subprocess.DEVNULL
         self.proc = subprocess.Popen(args, cwd=REPO, env=full_env, stdout=out, stderr=out)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import joblib
@@ -10,7 +11,7 @@ from service_helpers import TOKEN, Server, post
 
 pytestmark = pytest.mark.server
 SERVER_ARMS = ("survival", None)
-SERVER_ENV = {"BALANCEROUTE_API_TOKEN": TOKEN}
+SERVER_ENV = {"BALANCEROUTE_API_TOKEN": TOKEN, "BALANCEROUTE_WARM_ROUTER": "false"}
 
 ROWS = [{"id": 1, "prompt_tokens": 10, "age": 1}]
 PROTECTED = [
@@ -58,9 +59,9 @@ def test_a_model_that_cannot_load_keeps_the_process_up(start_server, tmp_path: P
     }
     with server.client() as c:
         ready = c.get("/readyz")
-        for _ in range(100):
-            if ready.json()["status"] == "failed":
-                break
+        deadline = time.monotonic() + 60
+        while ready.json()["status"] != "failed" and time.monotonic() < deadline:
+            time.sleep(0.1)
             ready = c.get("/readyz")
         predict = post(c, "/v1/predict", {"requests": ROWS})
         routed = post(c, "/v1/route", route)

@@ -113,3 +113,22 @@ def test_the_completion_log_keeps_the_last_rows_in_order(capacity: int) -> None:
     assert np.array_equal(kept.prompt_tokens, rows[len(rows) - min(capacity, len(rows)) :])
     assert np.array_equal(kept.output_tokens, kept.prompt_tokens * 10)
     assert np.isnan(kept.time_s).all()
+
+
+def test_a_worker_with_nothing_running_decodes_to_empty_columns() -> None:
+    from serving.decode import running_columns
+
+    cols = running_columns([])
+    assert cols is not None and cols.size == 0 and cols.ids == []
+    assert cols.prompt_key.dtype == np.uint64
+
+
+def test_raw_keys_hash_like_the_trace_loaders_and_the_memo_stays_bounded() -> None:
+    from features.schema import hash_keys
+    from serving.decode import KeyHasher
+
+    hasher = KeyHasher(capacity=4, cached_length=3)
+    keys = ["a", "bb", "a", "long-key", "ccc", "dd", "e", "a"]
+    for _ in range(2):
+        assert np.array_equal(hasher(keys), hash_keys(keys))
+        assert len(hasher.known) <= 4 and all(len(k) <= 3 for k in hasher.known)

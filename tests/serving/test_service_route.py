@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from service_helpers import Server, load_model, post
 
+from router.balance_route import takes_estimator, takes_options
 from router.policy import RunContext, policy_class, policy_names
 from router.state import ArrayPool, RequestTable, RouterState, RunningRequests
 
@@ -107,7 +108,7 @@ def in_process(s: dict, policy: str, options: dict | None, estimator) -> list[tu
         running_source=lambda: running,
     )
     cls = policy_class(policy)
-    pol = cls(estimator=estimator, **(options or {})) if policy in ("br0", "brh") else cls()
+    pol = cls(estimator=estimator, **(options or {})) if takes_options(policy) else cls()
     pol.reset(RunContext(g, SLOTS, table, seed=s["seed"]))
     adm = pol.route(state)
     return [(f"p{i - r}", int(w)) for i, w in zip(adm.positions, adm.workers, strict=True)]
@@ -124,7 +125,7 @@ CASES = [(name, None) for name in SERVED] + [
 def test_http_decision_equals_in_process(
     module_server: Server, model_dir: Path, key_pool: np.ndarray, policy: str, options
 ) -> None:
-    estimator = load_model(model_dir, "exactmatch") if policy == "brh" else None
+    estimator = load_model(model_dir, "exactmatch") if takes_estimator(policy) else None
     with module_server.client() as c:
         for seed in range(4):
             s = random_state(seed, key_pool)
@@ -132,7 +133,7 @@ def test_http_decision_equals_in_process(
             assert resp.status_code == 200, resp.text
             got = [(a["id"], a["worker"]) for a in resp.json()["admissions"]]
             assert got == in_process(s, policy, options, estimator), (policy, seed)
-            if policy == "brh":
+            if takes_estimator(policy):
                 assert resp.json()["model"]["kind"] == "exactmatch"
                 assert resp.json()["policy"]["estimator"] == "exactmatch"
 
@@ -173,7 +174,9 @@ def test_unknown_policy_is_422_listing_the_known_ones(module_server: Server) -> 
     ("body", "loc"),
     [
         ({"policy": "count-jsq", "options": {"horizon": 3}}, ["body", "options"]),
-        ({"policy": "brh", "options": {"gamma": 0}}, ["body", "options", "gamma"]),
+        ({"policy": "brh", "options": {"gamma": 0}}, ["body", "options"]),
+        ({"policy": "brh", "options": {"horizon": None}}, ["body", "options", "horizon"]),
+        ({"policy": "brh", "options": {"r_max": 9}}, ["body", "options", "r_max"]),
         ({"policy": "brh", "options": {"horizn": 3}}, ["body", "options", "horizn"]),
         ({"policy": "brh", "options": {"horizon": 120}}, ["body", "options"]),
         ({"policy": "brh", "model": "zzz"}, ["body", "model"]),

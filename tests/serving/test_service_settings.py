@@ -102,3 +102,15 @@ def test_the_openapi_document_describes_the_self_decoded_bodies() -> None:
     assert schemas["PredictRequest"]["properties"]["requests"]["maxItems"] == 16_384
     assert "exact" not in schemas["RouteRequest"]["properties"]["policy"]["enum"]
     assert doc["paths"]["/v1/predict"]["post"]["security"] == [{"HTTPBearer": []}]
+
+
+def test_route_options_follow_the_router_configuration() -> None:
+    import dataclasses
+
+    from router.balance_route import BalanceRouteConfig
+    from serving.route_schemas import BalanceRouteOptions
+
+    names = {f.name for f in dataclasses.fields(BalanceRouteConfig)}
+    assert set(BalanceRouteOptions.model_fields) == names
+    assert BalanceRouteOptions.model_validate({"beta": None}).overrides() == {"beta": None}
+    assert BalanceRouteOptions.model_validate({}).overrides() == {}

@@ -7,48 +7,33 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 from service_helpers import load_model
 
 import balanceroute
 from features.synthetic import generate
-from predict.base import CompletedBatch, RunningBatch
 from router.runner import ReplaySpec, replay
 from serving.client import RemoteEstimator
 
 pytestmark = pytest.mark.server
-SIM = ["--router", "brh", "--requests", "300", "--workers", "4", "--slots", "8", "--seed", "5"]
+SIM = [
+    "--router",
+    "brh",
+    "--requests",
+    "300",
+    "--workers",
+    "4",
+    "--slots",
+    "8",
+    "--seed",
+    "5",
+    "--projection",
+    "expected",
+]
 
 
 def _summary(folder: Path) -> dict:
     return json.loads((folder / "summary.json").read_text())
-
-
-def test_remote_predictions_equal_in_process_after_observations(
-    start_server, model_dir: Path, key_pool: np.ndarray
-) -> None:
-    server = start_server(str(model_dir / "exactmatch.joblib"))
-    local = load_model(model_dir, "exactmatch")
-    remote = RemoteEstimator(server.url, fallback=None, timeout_s=5.0)
-    rng = np.random.default_rng(3)
-    for step in range(5):
-        keys = key_pool[rng.integers(0, key_pool.size, 40)]
-        done = CompletedBatch(rng.integers(1, 5000, 40), rng.integers(1, 3000, 40), keys)
-        remote.observe(done)
-        local.observe(done)
-        run = RunningBatch(
-            rng.integers(1, 5000, 100), rng.integers(0, 2000, 100), keys[:1].repeat(100)
-        )
-        got, want = (
-            remote.predict(run, survival=step % 2 == 1),
-            local.predict(run, survival=step % 2 == 1),
-        )
-        assert np.array_equal(got.p_finish, want.p_finish) and np.array_equal(got.c, want.c)
-        if step % 2:
-            assert np.array_equal(got.survival, want.survival)
-    assert remote.stats()["remote_fallbacks"] == 0
-    assert remote.name == "remote:exactmatch"
 
 
 def test_simulate_through_the_service_matches_the_in_process_run(
@@ -74,7 +59,7 @@ def test_simulate_through_the_service_matches_the_in_process_run(
 def test_killing_the_service_mid_run_falls_back_and_serves_every_request(
     start_server, model_dir: Path
 ) -> None:
-    server = start_server(str(model_dir / "survival.joblib"))
+    server = start_server(str(model_dir / "survival.joblib"), via_cli=True)
     frame = generate("paper-prod", 400, seed=11)
     fallback = load_model(model_dir, "survival")
     remote = RemoteEstimator(server.url, fallback=fallback, timeout_s=2.0)

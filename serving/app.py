@@ -1,0 +1,104 @@
+"""The FastAPI application factory: settings, the model store, metrics, routers, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio.to_thread
+import orjson
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+
+from serving.body import request_components
+from serving.metrics import MetricsMiddleware, ServiceMetrics
+from serving.models import ModelStore, pin_lightgbm_threads
+from serving.routes import ROUTERS
+from serving.schemas import REQUEST_MODELS
+from serving.settings import ServeSettings
+
+log = logging.getLogger("balanceroute.serve")
+TITLE = "BalanceRoute"
+VERSION = "0.1.0"
+
+
+async def validation_error(request: Request, exc: Exception) -> Response:
+    """422 with each error's field path, type and message (inputs are not echoed back)."""
+    assert isinstance(exc, RequestValidationError)
+    detail = [
+        {"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type"))}
+        for e in exc.errors()
+    ]
+    return Response(orjson.dumps({"detail": detail}), 422, media_type="application/json")
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """The generated document plus the schemas of the self-decoded request bodies."""
+    if app.openapi_schema is None:
+        doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        from serving.route_schemas import RouteRequest
+
+        doc.setdefault("components", {}).setdefault("schemas", {}).update(
+            request_components((*REQUEST_MODELS, RouteRequest))
+        )
+        app.openapi_schema = doc
+    return app.openapi_schema
+
+
+def _warm_router() -> None:
+    """Import the router and run every policy once (imported here: it costs about 150 MB)."""
+    from serving.snapshot import warm_up
+
+    warm_up()
+
+
+def create_app(settings: ServeSettings, *, store: ModelStore | None = None) -> FastAPI:
+    """A service for ``settings``; models load in the background after startup (see /readyz)."""
+    metrics = ServiceMetrics()
+    if store is None:
+        store = ModelStore(
+            settings.uris(),
+            replay_buffer=settings.replay_buffer,
+            on_swap=metrics.swapped,
+            after_load=lambda: pin_lightgbm_threads(settings.lightgbm_threads),
+        )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async def warm() -> None:
+            if not settings.warm_router:
+                return
+            try:
+                await anyio.to_thread.run_sync(_warm_router)
+            except Exception:  # routing still works, the first call just pays the cost
+                log.exception("router warm-up failed")
+
+        async def first_load() -> None:
+            outcomes, _ = await asyncio.gather(store.reload(force=True), warm())
+            metrics.reloaded(outcomes)
+
+        task = asyncio.create_task(first_load())
+        yield
+        if not task.done():
+            task.cancel()
+
+    app = FastAPI(
+        title=TITLE,
+        version=VERSION,
+        description="Completion predictions and routing decisions for synchronized decode workers.",
+        lifespan=lifespan,
+        max_body_size=settings.max_body_bytes,
+    )
+    app.state.settings = settings
+    app.state.store = store
+    app.state.metrics = metrics
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    for router in ROUTERS:
+        app.include_router(router)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    return app

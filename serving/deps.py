@@ -1,0 +1,74 @@
+"""Dependencies of the route handlers, as ``Annotated`` aliases; the bearer-token check."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from serving.metrics import ServiceMetrics
+from serving.models import LoadedModel, ModelStore, NotReady, UnknownModel
+from serving.settings import ServeSettings
+
+bearer = HTTPBearer(
+    auto_error=False,
+    description="required when the server has BALANCEROUTE_API_TOKEN set",
+)
+
+
+async def get_settings(request: Request) -> ServeSettings:
+    """The app's settings (async: sync dependencies would each cost a thread-pool hop)."""
+    return request.app.state.settings
+
+
+async def get_store(request: Request) -> ModelStore:
+    """The app's model store."""
+    return request.app.state.store
+
+
+async def get_metrics(request: Request) -> ServiceMetrics:
+    """The app's Prometheus collectors."""
+    return request.app.state.metrics
+
+
+SettingsDep = Annotated[ServeSettings, Depends(get_settings)]
+StoreDep = Annotated[ModelStore, Depends(get_store)]
+MetricsDep = Annotated[ServiceMetrics, Depends(get_metrics)]
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+
+
+async def require_token(settings: SettingsDep, credentials: Credentials) -> None:
+    """401 unless the call carries the configured bearer token (no token configured: open)."""
+    token = settings.token
+    if token is None:
+        return
+    given = credentials.credentials if credentials is not None else ""
+    if not hmac.compare_digest(given.encode(), token.encode()):
+        raise HTTPException(
+            status_code=401,
+            detail="missing or invalid bearer token",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+
+Authorized = Depends(require_token)
+
+
+def field_error(loc: tuple[str | int, ...], kind: str, msg: str) -> RequestValidationError:
+    """A 422 about one field of the body."""
+    return RequestValidationError([{"type": kind, "loc": loc, "msg": msg}])
+
+
+def select_model(store: ModelStore, selector: str | None) -> LoadedModel:
+    """The model a request selects: 422 if no loaded model answers to it, 503 if not loaded."""
+    try:
+        return store.select(selector)
+    except UnknownModel as exc:
+        raise field_error(("body", "model"), "unknown_model", str(exc)) from None
+    except NotReady as exc:
+        raise HTTPException(
+            status_code=503, detail=str(exc), headers={"Retry-After": "1"}
+        ) from None

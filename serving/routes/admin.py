@@ -1,0 +1,26 @@
+"""``POST /v1/admin/reload``: re-resolve the configured URIs and swap changed versions in."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from serving.body import openapi_body
+from serving.decode import parse_json, validate
+from serving.deps import Authorized, MetricsDep, StoreDep
+from serving.schemas import ReloadRequest, ReloadResponse
+
+router = APIRouter(prefix="/v1/admin", tags=["admin"], dependencies=[Authorized])
+
+
+@router.post(
+    "/reload",
+    response_model=ReloadResponse,
+    openapi_extra=openapi_body(ReloadRequest, required=False),
+)
+async def reload(request: Request, store: StoreDep, metrics: MetricsDep) -> ReloadResponse:
+    """Aliases are looked up again; a new version is loaded fully, then swapped in atomically."""
+    raw = await request.body()
+    req = validate(ReloadRequest, parse_json(raw)) if raw.strip() else ReloadRequest()
+    outcomes = await store.reload(req.arm, force=req.force)
+    metrics.reloaded(outcomes)
+    return ReloadResponse(arms=outcomes)

@@ -1,0 +1,32 @@
+"""Probes, open to all: ``/healthz`` (the process is up) and ``/readyz`` (every arm is loaded)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+
+from serving.deps import StoreDep
+from serving.schemas import StatusResponse
+
+router = APIRouter(tags=["probes"])
+
+
+@router.get("/healthz", response_model=StatusResponse)
+async def healthz() -> StatusResponse:
+    """The process answers."""
+    return StatusResponse(status="ok")
+
+
+@router.get(
+    "/readyz",
+    response_model=StatusResponse,
+    responses={503: {"model": StatusResponse, "description": "a model is not loaded yet"}},
+)
+async def readyz(store: StoreDep) -> StatusResponse | JSONResponse:
+    """200 once every configured arm has a model, 503 before (or after a failed load)."""
+    if store.ready:
+        return StatusResponse(status="ready")
+    missing = [store.not_ready_reason(arm) for arm in store.uris if arm not in store.arms]
+    failed = any(arm in store.errors for arm in store.uris if arm not in store.arms)
+    body = StatusResponse(status="failed" if failed else "loading", detail="; ".join(missing))
+    return JSONResponse(body.model_dump(), status_code=503)

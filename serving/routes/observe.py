@@ -1,0 +1,30 @@
+"""``POST /v1/observe``: completed requests, for the online updates of every loaded model."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from serving.body import json_body, openapi_body
+from serving.decode import decode_observe
+from serving.deps import Authorized, MetricsDep, SettingsDep, StoreDep
+from serving.schemas import ObserveRequest, ObserveResponse
+
+router = APIRouter(prefix="/v1", tags=["observe"], dependencies=[Authorized])
+
+
+@router.post(
+    "/observe",
+    response_model=ObserveResponse,
+    openapi_extra=openapi_body(ObserveRequest),
+    responses={413: {"description": "more completions than the per-call limit"}},
+)
+async def observe(
+    request: Request, store: StoreDep, settings: SettingsDep, metrics: MetricsDep
+) -> ObserveResponse:
+    """Feed completions (in finish order) to every arm; kept in a bounded log for reloads."""
+    cols = decode_observe(await json_body(request), settings.max_requests)
+    arms = store.observe(cols)
+    request.state.arm = "all"
+    metrics.batch_size.labels("/v1/observe").observe(cols.size)
+    metrics.observed.inc(cols.size)
+    return ObserveResponse(observed=cols.size, arms=arms)

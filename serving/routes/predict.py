@@ -1,0 +1,37 @@
+"""``POST /v1/predict``: batched completion predictions for running requests."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+
+from serving import inference
+from serving.body import json_body, openapi_body
+from serving.decode import decode_predict
+from serving.deps import Authorized, MetricsDep, SettingsDep, StoreDep, field_error, select_model
+from serving.schemas import PredictRequest, PredictResponse
+
+router = APIRouter(prefix="/v1", tags=["predict"], dependencies=[Authorized])
+
+
+@router.post(
+    "/predict",
+    response_model=PredictResponse,
+    openapi_extra=openapi_body(PredictRequest),
+    responses={
+        413: {"description": "more requests than the per-call limit"},
+        503: {"description": "the selected model is not loaded yet"},
+    },
+)
+async def predict(
+    request: Request, store: StoreDep, settings: SettingsDep, metrics: MetricsDep
+) -> Response:
+    """``p_finish = P(r <= H)``, ``c = E[min(r, H)]`` and optionally ``P(r > h)``, h = 0..H."""
+    inp = decode_predict(await json_body(request), settings.max_requests)
+    model = select_model(store, inp.model)
+    request.state.arm = model.arm
+    metrics.batch_size.labels("/v1/predict").observe(inp.running.size)
+    try:
+        pred, horizon = inference.predict(model, inp)
+    except inference.HorizonUnavailable as exc:
+        raise field_error(("body", "horizon"), "horizon_unavailable", str(exc)) from None
+    return Response(inference.encode(model, inp, pred, horizon), media_type="application/json")

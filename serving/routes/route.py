@@ -1,0 +1,117 @@
+"""``POST /v1/route``: one admission-and-routing decision on a posted snapshot.
+
+The router (its registry and JIT-compiled kernels, about 150 MB) is imported by the first call,
+or at startup when ``warm_router`` is on (the default), never by a server that only predicts.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, HTTPException, Request
+
+from predict.base import CompletionEstimator
+from serving.body import json_body, openapi_body
+from serving.decode import check_count, validate
+from serving.deps import Authorized, MetricsDep, SettingsDep, StoreDep, field_error
+from serving.models import LoadedModel, ModelStore, NotReady, UnknownModel
+from serving.schemas import RouteResponse
+
+if TYPE_CHECKING:
+    from serving.route_schemas import RouteRequest
+
+router = APIRouter(prefix="/v1", tags=["route"], dependencies=[Authorized])
+
+
+def _check_sizes(data: Any, limit: int) -> None:
+    """413 for a pool, or running requests over all workers, beyond the per-call limit."""
+    check_count(data, "pool", limit, "pool requests")
+    workers = data.get("workers") if type(data) is dict else None
+    if type(workers) is list:
+        running = sum(
+            len(w["running"]) for w in workers if type(w) is dict and type(w.get("running")) is list
+        )
+        if running > limit:
+            raise HTTPException(
+                status_code=413, detail=f"at most {limit} running requests per call, got {running}"
+            )
+
+
+def _model_for(
+    req: RouteRequest, store: ModelStore, horizon: int
+) -> tuple[LoadedModel | None, CompletionEstimator | None, str | None]:
+    """(model, estimator, fallback reason): only policies that look ahead (H > 0) use one."""
+    from serving.snapshot import prediction_free
+
+    if horizon == 0:
+        return None, None, None
+    try:
+        model = store.select(req.model)
+    except UnknownModel as exc:
+        raise field_error(("body", "model"), "unknown_model", str(exc)) from None
+    except NotReady as exc:
+        return None, prediction_free(horizon), str(exc)
+    return model, model.estimator, None
+
+
+def _decide(
+    req: RouteRequest,
+    model: LoadedModel | None,
+    estimator: CompletionEstimator | None,
+    horizon: int,
+) -> tuple[list[dict[str, Any]], dict[str, Any], LoadedModel | None, str | None]:
+    """The decision with the model; if the model fails on this snapshot, the one without it."""
+    from serving.snapshot import DecisionError, InvalidOptions, decide, prediction_free
+
+    try:
+        return *decide(req, estimator), model, None
+    except (InvalidOptions, DecisionError):
+        raise
+    except Exception as exc:
+        if model is None:
+            raise
+        reason = f"model {model.arm} failed: {type(exc).__name__}: {exc}"
+        return *decide(req, prediction_free(horizon)), None, reason
+
+
+@router.post(
+    "/route",
+    response_model=RouteResponse,
+    openapi_extra=openapi_body("RouteRequest"),
+    responses={413: {"description": "more pool or running requests than the per-call limit"}},
+)
+async def route(
+    request: Request, store: StoreDep, settings: SettingsDep, metrics: MetricsDep
+) -> RouteResponse:
+    """Admissions ``[{id, worker}]`` in order; ``brh`` (and ``brh-paper``) project loads with the
+    selected model.
+
+    When the model cannot be used (not loaded yet, or it fails on this snapshot), they run on the
+    ``none`` estimator and ``fallback`` says why: a routing call never fails for the model.
+    """
+    from serving.route_schemas import RouteRequest
+    from serving.snapshot import DecisionError, InvalidOptions, lookahead
+
+    data = await json_body(request)
+    _check_sizes(data, settings.max_requests)
+    req = validate(RouteRequest, data)
+    metrics.batch_size.labels("/v1/route").observe(len(req.pool))
+    horizon = lookahead(req)
+    model, estimator, fallback = _model_for(req, store, horizon)
+    if model is not None:
+        request.state.arm = model.arm
+    try:
+        admissions, described, model, failed = _decide(req, model, estimator, horizon)
+    except InvalidOptions as exc:
+        raise field_error(("body", "options"), "invalid_options", str(exc)) from None
+    except DecisionError as exc:
+        raise HTTPException(status_code=500, detail=f"policy '{req.policy}': {exc}") from None
+    fallback = fallback or failed
+    if fallback is not None:
+        metrics.fallbacks.labels("/v1/route", "model_unavailable").inc()
+    return RouteResponse(
+        admissions=admissions,
+        policy=described,
+        model=model.ref() if model is not None else None,
+        fallback=fallback,
+    )

@@ -16,8 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
-from scipy.sparse import coo_matrix, vstack
 
 from router.policy import Policy, register
 from router.scoring import discount_weights
@@ -60,6 +58,9 @@ def solve_step(
     time_limit_s: float = 10.0,
 ) -> StepSolution:
     """Solve ``IO_H`` for one step: ``loads`` ``(G, H+1)``, ``free`` ``(G,)``, ``prompts`` ``(n,)``."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import coo_matrix, vstack
+
     loads = np.atleast_2d(np.asarray(loads, dtype=np.float64))
     if loads.shape[0] != np.asarray(free).shape[0]:
         loads = loads.T

@@ -7,8 +7,7 @@ import json
 from pathlib import Path
 
 from predict.keys import KEY_SOURCES
-from training.tracking import DEFAULT_EXPERIMENT, DEFAULT_MODEL_NAME
-from training.train import AUTO_KEY, DEFAULT_ESTIMATORS, TrainConfig, run_train
+from training.tracking import AUTO_KEY, DEFAULT_ESTIMATORS, DEFAULT_EXPERIMENT, DEFAULT_MODEL_NAME
 
 
 def _positive(text: str) -> int:
@@ -82,6 +81,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from training.train import TrainConfig, run_train
+
     cfg = TrainConfig(
         trace=args.trace,
         preset=args.preset,

@@ -7,20 +7,11 @@ import itertools
 import numpy as np
 from sklearn.metrics import roc_auc_score
 
+from predict.calibration import expected_calibration_error
+
+__all__ = ["expected_calibration_error", "reliability", "score", "score_by_age"]
+
 AGE_BUCKETS: tuple[int, ...] = (0, 16, 64, 256, 1024)
-
-
-def expected_calibration_error(
-    p: np.ndarray, y: np.ndarray, bins: int = 15, weight: np.ndarray | None = None
-) -> float:
-    """ECE: (weighted) mean |mean(p) - mean(y)| over equal-width probability bins."""
-    if p.size == 0:
-        return float("nan")
-    w = np.ones_like(p) if weight is None else weight
-    b = np.clip((p * bins).astype(np.int64), 0, bins - 1)
-    sp = np.bincount(b, weights=w * p, minlength=bins)
-    sy = np.bincount(b, weights=w * y, minlength=bins)
-    return float(np.abs(sp - sy).sum() / w.sum())
 
 
 def reliability(p: np.ndarray, y: np.ndarray, bins: int = 15) -> dict[str, list[float]]:

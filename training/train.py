@@ -25,10 +25,14 @@ from predict.base import CompletionEstimator
 from predict.keys import check_key_source
 from predict.registry import estimator_names, make_estimator
 from training.evaluate import evaluate_estimator, flat_metrics, make_holdout, progress, write_report
-from training.tracking import DEFAULT_EXPERIMENT, DEFAULT_MODEL_NAME, TrackingError, tracking_uri
-
-DEFAULT_ESTIMATORS = ("survival", "exactmatch", "gbdt")
-AUTO_KEY = "auto"
+from training.tracking import (
+    AUTO_KEY,
+    DEFAULT_ESTIMATORS,
+    DEFAULT_EXPERIMENT,
+    DEFAULT_MODEL_NAME,
+    TrackingError,
+    tracking_uri,
+)
 
 
 @dataclass(frozen=True, slots=True)

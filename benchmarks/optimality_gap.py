@@ -49,10 +49,12 @@ class Recorder(Policy):
             and state.admissions_due > 0
         )
         if take:
-            loads = self.inner._projected_loads(state)
             cfg = self.inner.config
             gamma = self.inner.gamma
             cand = state.pool.head(state.admissions_due + max(cfg.window, cfg.r_max))
+            loads = self.inner._projected_loads(
+                state, state.requests.prompt_tokens[cand].astype(float)
+            )
         adm = self.inner.route(state)
         if take:
             where = {int(p): j for j, p in enumerate(cand.tolist())}

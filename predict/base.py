@@ -75,6 +75,7 @@ class CompletionEstimator:
     name: ClassVar[str] = ""
     provides_survival: ClassVar[bool] = False
     deployable: ClassVar[bool] = True
+    learns_online: ClassVar[bool] = True  # False: observe() is a no-op, callers may skip it
 
     def __init__(self, *, horizon: int = DEFAULT_HORIZON) -> None:
         self.horizon = int(horizon)

@@ -15,6 +15,7 @@ class NoPrediction(CompletionEstimator):
 
     name = "none"
     provides_survival = True
+    learns_online = False
 
     def fit(self, history: pd.DataFrame | None = None) -> Self:
         self.fitted_ = True

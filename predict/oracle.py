@@ -16,6 +16,7 @@ class OracleEstimator(CompletionEstimator):
     name = "oracle"
     provides_survival = True
     deployable = False
+    learns_online = False
 
     def fit(self, history: pd.DataFrame) -> Self:
         self.output_tokens_ = history["output_tokens"].to_numpy(dtype=np.int64).copy()

@@ -158,13 +158,10 @@ class LoadProjection:
                 self.extra_worker[rest] = -1
 
     def _remove_cutoff(self, rows: np.ndarray, gs: np.ndarray) -> None:
+        from router.kernels import cutoff_remove
+
         w, lengths, refill = self.cut
-        ts = self.ts
-        for r, g in zip(rows.tolist(), gs.tolist(), strict=True):
-            d = int(lengths[r])
-            self.base[g, :d] -= w[r] + ts[:d]
-            if refill is not None and d < self.length:
-                self.base[g, d:] -= refill + ts[d:] - d
+        cutoff_remove(self.base, gs, w[rows], lengths[rows], -1.0 if refill is None else refill)
 
     def view(self, k: int, observed: np.ndarray) -> np.ndarray:
         """Projected loads ``(G, H+1)`` at offsets ``h = 0..H`` from iteration ``k``.

@@ -185,7 +185,11 @@ class BalanceRoutePolicy(Policy):
             self._adapt_gamma(output_tokens)
         if self.config.horizon > 0 and self.projection.k0 is not None:
             self.projection.remove(positions)
-        if self.estimator is not None and self.config.horizon > 0:
+        if (
+            self.estimator is not None
+            and self.config.horizon > 0
+            and self.estimator.learns_online
+        ):
             table = self.ctx.requests
             self.estimator.observe(
                 CompletedBatch(
@@ -222,23 +226,29 @@ class BalanceRoutePolicy(Policy):
         return out
 
     # ---- projection ------------------------------------------------------------------------
-    def _projected_loads(self, state: RouterState) -> np.ndarray:
-        """Loads ``(G, H+1)`` the step scores against (a fresh array the kernel may update)."""
+    def _projected_loads(self, state: RouterState, waiting: np.ndarray) -> np.ndarray:
+        """Loads ``(G, H+1)`` the step scores against (a fresh array the kernel may update).
+
+        ``waiting`` holds the prompt sizes at the head of the pool (the refill's typical prompt).
+        """
         cfg = self.config
         if cfg.horizon == 0:
             return state.loads[:, None].copy()
         k = state.iteration
         proj = self.projection
         if proj.k0 is None or k - proj.k0 >= cfg.refresh or k < proj.k0:
-            self._refresh(state)
+            self._refresh(state, waiting)
         return proj.view(k, state.loads)
 
-    def _refresh(self, state: RouterState) -> None:
+    def _refresh(self, state: RouterState, waiting: np.ndarray) -> None:
         cfg = self.config
         run = state.running()
         table = state.requests
         proj = self.projection
-        refill = self._typical_prompt(state) if cfg.refill else None
+        refill = None
+        if cfg.refill and waiting.size:
+            ordered = sorted(waiting.tolist())
+            refill = float(ordered[len(ordered) // 2])
         batch = RunningBatch(
             prompt_tokens=run.prompt_tokens,
             age=run.age,
@@ -259,21 +269,15 @@ class BalanceRoutePolicy(Policy):
             )
         self.refreshes += 1
 
-    def _typical_prompt(self, state: RouterState) -> float:
-        head = state.pool.head(64)
-        if head.size:
-            return float(np.median(state.requests.prompt_tokens[head]))
-        return float(np.median(state.requests.prompt_tokens[: max(1, state.requests.size)]))
-
     # ---- the decision ----------------------------------------------------------------------
     def route(self, state: RouterState) -> Admissions:
         due = state.admissions_due
         if due == 0:
             return Admissions.empty()
         cfg = self.config
-        loads = self._projected_loads(state)
         cand = state.pool.head(due + max(cfg.window, cfg.r_max))
         prompts = state.requests.prompt_tokens[cand].astype(np.float64)
+        loads = self._projected_loads(state, prompts)
         idx, workers = br_step(
             loads,
             state.free_slots.copy(),

@@ -356,11 +356,11 @@ def cmd_solve_step(args: argparse.Namespace) -> int:
         raise UserError("solve-step compares BalanceRoute policies (br0, brh, brh-paper)")
     policy.reset(snap.context)
     state = snap.state
-    loads = policy._projected_loads(state)
     cfg = policy.config
     due = state.admissions_due
     cand = state.pool.head(due + max(cfg.window, cfg.r_max, args.candidates))
     prompts = state.requests.prompt_tokens[cand].astype(float)
+    loads = policy._projected_loads(state, prompts[: due + max(cfg.window, cfg.r_max)])
     adm = policy.route(state)
     where = {int(p): j for j, p in enumerate(cand.tolist())}
     chosen = [where[int(p)] for p in adm.positions.tolist()]

@@ -304,6 +304,20 @@ def cutoff_base(workers, workload, c, horizon, g_count, length, refill):
     return base, d
 
 
+@njit(cache=True, nogil=True)
+def cutoff_remove(base, workers, workload, lengths, refill):
+    """Take finished requests' cutoff paths (and refills) out of ``base`` in place."""
+    length = base.shape[1]
+    for i in range(workers.shape[0]):
+        g = workers[i]
+        d = lengths[i]
+        for t in range(d):
+            base[g, t] -= workload[i] + t
+        if refill >= 0.0:
+            for t in range(d, length):
+                base[g, t] -= refill + t - d
+
+
 def warm_up() -> None:
     """Load (or compile) the kernels now, so the first routing call does not pay for it."""
     loads = np.zeros((2, 2))
@@ -322,4 +336,5 @@ def warm_up() -> None:
         1,
         np.zeros(4, dtype=np.int64),
     )
-    cutoff_base(np.zeros(1, dtype=np.int64), np.ones(1), np.ones(1), 2.0, 2, 3, -1.0)
+    base, d = cutoff_base(np.zeros(1, dtype=np.int64), np.ones(1), np.ones(1), 2.0, 2, 3, -1.0)
+    cutoff_remove(base, np.zeros(1, dtype=np.int64), np.ones(1), d, -1.0)

@@ -155,18 +155,21 @@ class _SimPool:
     def __init__(self, sim: DecodeSimulator) -> None:
         self.sim = sim
         self.size = 0
+        self.span_hint = 0
 
     def head(self, n: int) -> np.ndarray:
         sim = self.sim
         lo, hi = sim.head, sim.released
-        end = min(hi, lo + 2 * n + 16)
-        idx = np.flatnonzero(~sim.admitted[lo:end]) + lo
-        while idx.size < n and end < hi:
-            new_end = min(hi, end + 4 * (n - idx.size) + 16)
-            more = np.flatnonzero(~sim.admitted[end:new_end]) + end
-            idx = np.concatenate((idx, more))
-            end = new_end
-        return idx[:n]
+        # Requests admitted out of order leave holes near the head; start from the span that
+        # was needed last time so a step scans once.
+        span = max(2 * n + 16, self.span_hint // 2)
+        while True:
+            end = min(hi, lo + span)
+            idx = np.flatnonzero(~sim.admitted[lo:end])
+            if idx.size >= n or end == hi:
+                self.span_hint = span
+                return idx[:n] + lo
+            span *= 4
 
     def waited_iterations(self, positions: np.ndarray) -> np.ndarray:
         return self.sim.k - self.sim.release_iter[positions]

@@ -334,7 +334,7 @@ def cmd_solve_step(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from router.exact import solve_step, step_objective
-    from serving.schemas import RouteRequest
+    from serving.route_schemas import RouteRequest
     from serving.snapshot import build_snapshot, make_policy
 
     try:

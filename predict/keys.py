@@ -14,6 +14,14 @@ import numpy as np
 from features.errors import UserError
 
 KEY_SOURCES: tuple[str, ...] = ("hash", "exact-length", "bucket")
+AUTO_KEY = "auto"
+
+
+def resolve_key_source(source: str, has_prompt_keys: bool) -> str:
+    """``auto``: the prompt hash when the trace has keys, else the exact prompt length."""
+    if source == AUTO_KEY:
+        return "hash" if has_prompt_keys else "exact-length"
+    return check_key_source(source)
 
 
 def check_key_source(source: str) -> str:

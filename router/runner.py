@@ -15,6 +15,7 @@ from features.errors import UserError
 from features.schema import to_arrays
 from features.split import time_split
 from predict.base import CompletionEstimator
+from predict.keys import AUTO_KEY, resolve_key_source
 from predict.registry import make_estimator
 from router.cost import CostModel
 from router.metrics import summarize
@@ -74,7 +75,11 @@ def build_estimator(
         if est.name != name:
             raise UserError(f"model {model_uri} holds a '{est.name}' estimator, not '{name}'")
         return est
-    est = make_estimator(name, horizon=horizon)
+    params = {}
+    if name == "exactmatch":
+        has_keys = history is not None and bool(history["prompt_key"].notna().any())
+        params["key"] = resolve_key_source(AUTO_KEY, has_keys)
+    est = make_estimator(name, horizon=horizon, **params)
     if name == "oracle":
         return est.fit(replay)
     if name == "none":

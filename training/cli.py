@@ -6,8 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
-from predict.keys import KEY_SOURCES
-from training.tracking import AUTO_KEY, DEFAULT_ESTIMATORS, DEFAULT_EXPERIMENT, DEFAULT_MODEL_NAME
+from predict.keys import AUTO_KEY, KEY_SOURCES
+from training.tracking import DEFAULT_ESTIMATORS, DEFAULT_EXPERIMENT, DEFAULT_MODEL_NAME
 
 
 def _positive(text: str) -> int:

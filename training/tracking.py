@@ -10,7 +10,6 @@ from features.errors import UserError
 DEFAULT_MODEL_NAME = "completion-predictor"
 DEFAULT_EXPERIMENT = "completion-predictors"
 DEFAULT_ESTIMATORS = ("survival", "exactmatch", "gbdt")
-AUTO_KEY = "auto"
 
 
 class TrackingError(UserError):

@@ -22,11 +22,10 @@ import pandas as pd
 from features.errors import UserError
 from features.workload import load_workload
 from predict.base import CompletionEstimator
-from predict.keys import check_key_source
+from predict.keys import AUTO_KEY, check_key_source, resolve_key_source
 from predict.registry import estimator_names, make_estimator
 from training.evaluate import evaluate_estimator, flat_metrics, make_holdout, progress, write_report
 from training.tracking import (
-    AUTO_KEY,
     DEFAULT_ESTIMATORS,
     DEFAULT_EXPERIMENT,
     DEFAULT_MODEL_NAME,
@@ -67,9 +66,7 @@ def check_estimators(kinds: tuple[str, ...]) -> tuple[str, ...]:
 
 def resolve_key(key: str, trace: pd.DataFrame) -> str:
     """``auto``: the prompt hash when the trace has keys, else the exact prompt length."""
-    if key == AUTO_KEY:
-        return "hash" if trace["prompt_key"].notna().any() else "exact-length"
-    return check_key_source(key)
+    return resolve_key_source(key, bool(trace["prompt_key"].notna().any()))
 
 
 def build_estimator(cfg: TrainConfig, kind: str, key: str) -> CompletionEstimator:

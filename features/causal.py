@@ -18,7 +18,15 @@ output lengths (half-lives counted in completions), mean and std of the last ``r
 mean of their prompts, completions per second over the last ``rate_window_s`` seconds, and for
 each key source (exact prompt length, prompt hash) and each key window (the whole window and
 shorter recent ones, since workloads drift): count, mean, std and last output of the same key,
-plus mean and last minus age.
+plus mean and last minus age, and the seconds since the key's last completion. Last, the
+empirical survival estimators' own answers at the snapshot's age, stacked as features: for the
+marginal and each key source, over ``window`` and over the shorter ``cond_windows`` (workloads
+drift), the number of outputs above the age, the conditional finish probability ``P(r <= H)`` and
+capped expectation ``E[min(r, H)]``; for each key source also ``exactmatch``'s shrunk estimate
+(the key's counts blended with the marginal's with ``em_prior`` pseudo-observations). Offline these
+come from an as-of Fenwick sweep (:func:`predict.empirical.asof_key_terms`), online from the same
+:class:`predict.empirical.KeyedCounts` and :class:`predict.empirical.MarginalCounts` the empirical
+estimators keep.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import numpy as np
 from scipy.signal import lfilter
 
 from features.schema import TraceArrays
+from predict.empirical import KeyedCounts, KeyedQuery, MarginalCounts, asof_key_terms
 from predict.keys import derive_keys
 
 GLOBAL_FEATURES: tuple[str, ...] = (
@@ -38,6 +47,8 @@ GLOBAL_FEATURES: tuple[str, ...] = (
     "finish_rate",
 )
 KEY_STATS: tuple[str, ...] = ("count", "mean", "std", "last", "mean_minus_age", "last_minus_age")
+COND_STATS: tuple[str, ...] = ("cond_alive", "cond_p", "cond_c")
+EM_STATS: tuple[str, ...] = ("em_p", "em_c")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,18 +63,32 @@ class CausalConfig:
     ewma_halflives: tuple[int, ...] = (16, 256)  # in completions
     rate_window_s: float = 60.0  # seconds for the completion-rate statistic
     key_sources: tuple[str, ...] = ("exact-length", "hash")
+    horizon: int = 80  # H of the conditional finish features
+    cond_windows: tuple[int, ...] = (1024,)  # shorter windows of the conditional features
+    em_prior: float = 2.0  # pseudo-observations of the marginal in the shrunk key estimate
     feature_names: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
         if not 1 <= self.recent <= self.window:
             raise ValueError("need 1 <= recent <= window")
-        if any(not 1 <= w <= self.window for w in self.key_windows):
+        if any(not 1 <= w <= self.window for w in (*self.key_windows, *self.cond_windows)):
             raise ValueError("need 1 <= key window <= window")
         names = ["prompt_tokens", "age"]
         names += [f"ewma_out_{h}" for h in self.ewma_halflives]
         names += list(GLOBAL_FEATURES)
         names += [f"{src}_w{w}_{stat}" for src, w in self.key_tables for stat in KEY_STATS]
+        names += [f"{src}_since_last_s" for src in self.key_sources]
+        for w in self.cond_tables:
+            names += [f"marginal_w{w}_{stat}" for stat in COND_STATS]
+            names += [
+                f"{src}_w{w}_{st}" for src in self.key_sources for st in COND_STATS + EM_STATS
+            ]
         object.__setattr__(self, "feature_names", tuple(names))
+
+    @property
+    def cond_tables(self) -> tuple[int, ...]:
+        """Windows of the conditional (stacked empirical) features, without repeats."""
+        return tuple(dict.fromkeys((self.window, *self.cond_windows)))
 
     @property
     def key_tables(self) -> tuple[tuple[str, int], ...]:
@@ -102,7 +127,7 @@ def _ewma_run(x: np.ndarray, alpha: float, state: float) -> np.ndarray:
 
 def _key_stats(
     count: np.ndarray, s1: np.ndarray, s2: np.ndarray, last: np.ndarray, age: np.ndarray
-) -> np.ndarray:
+) -> list[np.ndarray]:
     """Per-key feature columns (KEY_STATS order) from integer window sums; NaN without history."""
     c = count.astype(np.float64)
     has = c > 0
@@ -112,25 +137,53 @@ def _key_stats(
     std = np.sqrt(np.clip(var, 0.0, None))
     lastf = np.where(has, last.astype(np.float64), np.nan)
     a = age.astype(np.float64)
-    return np.column_stack([c, mean, std, lastf, mean - a, lastf - a])
+    return [c, mean, std, lastf, mean - a, lastf - a]
 
 
 def _global_stats(
     cnt: np.ndarray, out_sum: np.ndarray, out_sq: np.ndarray, in_sum: np.ndarray
-) -> np.ndarray:
+) -> list[np.ndarray]:
     """Rolling output mean/std and input mean (GLOBAL_FEATURES order; the rate comes apart)."""
     c = cnt.astype(np.float64)
     has = c > 0
     safe = np.where(has, c, 1.0)
     mean = np.where(has, out_sum / safe, np.nan)
     var = np.where(has, out_sq / safe - (out_sum / safe) ** 2, np.nan)
-    return np.column_stack(
-        [mean, np.sqrt(np.clip(var, 0.0, None)), np.where(has, in_sum / safe, np.nan)]
-    )
+    return [mean, np.sqrt(np.clip(var, 0.0, None)), np.where(has, in_sum / safe, np.nan)]
 
 
 def _rate(n_in_window: np.ndarray, cfg: CausalConfig) -> np.ndarray:
     return n_in_window.astype(np.float64) / cfg.rate_window_s
+
+
+def _cond_columns(
+    marginal: tuple[np.ndarray, ...], keyed: list[tuple[np.ndarray, ...]], cfg: CausalConfig
+) -> list[np.ndarray]:
+    """COND_STATS of the marginal, then COND_STATS + EM_STATS per key source.
+
+    Every input is ``(n, S(a), S(a+H), sum_{o>a} min(o-a, H))`` over the window, from
+    :meth:`KeyedCounts.query` (online) or :func:`asof_key_terms` (offline); NaN without evidence.
+    """
+    nm, sm_a, sm_b, cm = marginal
+    cols = []
+
+    def cond(s_a: np.ndarray, s_b: np.ndarray, capped: np.ndarray) -> None:
+        has = s_a > 0
+        safe = np.where(has, s_a, 1.0)
+        cols.extend(
+            [s_a, np.where(has, 1.0 - s_b / safe, np.nan), np.where(has, capped / safe, np.nan)]
+        )
+
+    cond(sm_a, sm_b, cm)
+    bw = cfg.em_prior / np.maximum(nm, 1.0)
+    for _, s_a, s_b, capped in keyed:
+        cond(s_a, s_b, capped)
+        den = s_a + bw * sm_a
+        has = den > 0
+        safe = np.where(has, den, 1.0)
+        cols.append(np.where(has, 1.0 - (s_b + bw * sm_b) / safe, np.nan))
+        cols.append(np.where(has, (capped + bw * cm) / safe, np.nan))
+    return cols
 
 
 def _cumsum0(x: np.ndarray) -> np.ndarray:
@@ -179,36 +232,60 @@ def snapshot_features(
     )
     first_in_rate = np.searchsorted(fin_sorted, time_s - cfg.rate_window_s, side="left")
     rate = _rate(n_done - np.maximum(first_in_rate, lo_win), cfg)
-    cols += [glob, rate[:, None]]
+    cols += [*glob, rate]
 
+    hist_keys = {
+        src: derive_keys(src, history.prompt_tokens, history.prompt_key)[order]
+        for src in cfg.key_sources
+    }
+    q_keys = {src: derive_keys(src, prompt_tokens, prompt_key) for src in cfg.key_sources}
+    since = []
     for src in cfg.key_sources:
-        hist_keys = derive_keys(src, history.prompt_tokens, history.prompt_key)[order]
-        q_keys = derive_keys(src, prompt_tokens, prompt_key)
         wins = [w for s, w in cfg.key_tables if s == src]
-        cols += _offline_key_stats(hist_keys, out, q_keys, n_done, wins, age)
+        blocks, last_fin = _offline_key_stats(
+            hist_keys[src], out, fin_sorted, q_keys[src], n_done, wins, age
+        )
+        cols += [c for block in blocks for c in block]
+        since.append(time_s - last_fin)
+    cols += since
+    ones = np.ones(n_hist, dtype=np.uint64)
+    q_ones = np.ones(age.shape[0], dtype=np.uint64)
+    h = cfg.horizon
+    for w in cfg.cond_tables:
+        marginal = asof_key_terms(ones, out, q_ones, n_done, age, h, w)
+        keyed = [
+            asof_key_terms(hist_keys[src], out, q_keys[src], n_done, age, h, w)
+            for src in cfg.key_sources
+        ]
+        cols += _cond_columns(marginal, keyed, cfg)
     return np.column_stack(cols)
 
 
 def _offline_key_stats(
     hist_keys: np.ndarray,
     out: np.ndarray,
+    fin: np.ndarray,
     q_keys: np.ndarray,
     n_done: np.ndarray,
     windows: list[int],
     age: np.ndarray,
-) -> list[np.ndarray]:
-    """Per-key window sums, one block per window, by one composite sort: (key id, rank)."""
+) -> tuple[list[np.ndarray], np.ndarray]:
+    """Per-key window sums, one block per window, by one composite sort: (key id, rank).
+
+    Also the finish time of the key's last completion in the first (whole) window, NaN if none.
+    """
     valid = hist_keys != 0
     uniq = np.unique(hist_keys[valid])
     if uniq.size == 0:
         z = np.zeros(q_keys.shape[0], dtype=np.int64)
-        return [_key_stats(z, z, z, z, age) for _ in windows]
+        return [_key_stats(z, z, z, z, age) for _ in windows], np.full(q_keys.shape[0], np.nan)
     stride = np.int64(out.shape[0] + 1)
     ranks = np.flatnonzero(valid).astype(np.int64)
     comp = np.searchsorted(uniq, hist_keys[valid]).astype(np.int64) * stride + ranks
     srt = np.argsort(comp, kind="stable")
     comp = comp[srt]
     k_out = out[valid][srt]
+    k_fin = fin[valid][srt]
     cs1, cs2 = _cumsum0(k_out), _cumsum0(k_out * k_out)
 
     kid_q = np.minimum(np.searchsorted(uniq, q_keys), uniq.size - 1)
@@ -216,14 +293,17 @@ def _offline_key_stats(
     base = kid_q.astype(np.int64) * stride
     hi = np.searchsorted(comp, base + n_done, side="left")
     last_all = k_out[np.maximum(hi - 1, 0)]
+    last_fin = np.full(q_keys.shape[0], np.nan)
     blocks = []
-    for w in windows:
+    for j, w in enumerate(windows):
         lo = np.searchsorted(comp, base + np.maximum(n_done - w, 0), side="left")
         cnt = np.where(found, hi - lo, 0)
         s1 = np.where(found, cs1[hi] - cs1[lo], 0)
         s2 = np.where(found, cs2[hi] - cs2[lo], 0)
         blocks.append(_key_stats(cnt, s1, s2, np.where(cnt > 0, last_all, 0), age))
-    return blocks
+        if j == 0:
+            last_fin = np.where(cnt > 0, k_fin[np.maximum(hi - 1, 0)], np.nan)
+    return blocks, last_fin
 
 
 def trace_snapshot_features(
@@ -249,14 +329,15 @@ class KeyWindowTable:
         self.s1 = np.zeros(0, dtype=np.int64)
         self.s2 = np.zeros(0, dtype=np.int64)
         self.last = np.zeros(0, dtype=np.int64)
+        self.last_time = np.zeros(0, dtype=np.float64)
 
     def __len__(self) -> int:
         return int(self.keys.size)
 
-    def add(self, keys: np.ndarray, out: np.ndarray) -> None:
-        """Add completions (in finish order); key 0 (none) is skipped."""
+    def add(self, keys: np.ndarray, out: np.ndarray, times: np.ndarray) -> None:
+        """Add completions (in finish order) with their finish times; key 0 (none) is skipped."""
         m = keys != 0
-        keys, out = keys[m], out[m]
+        keys, out, times = keys[m], out[m], times[m]
         if keys.size == 0:
             return
         uniq, first_rev = np.unique(keys[::-1], return_index=True)
@@ -264,16 +345,19 @@ class KeyWindowTable:
         merged = np.union1d(self.keys, uniq)
         if merged.size != self.keys.size:
             pos_old = np.searchsorted(merged, self.keys)
-            for name in ("count", "s1", "s2", "last"):
-                arr = np.zeros(merged.size, dtype=np.int64)
-                arr[pos_old] = getattr(self, name)
+            for name in ("count", "s1", "s2", "last", "last_time"):
+                old = getattr(self, name)
+                arr = np.zeros(merged.size, dtype=old.dtype)
+                arr[pos_old] = old
                 setattr(self, name, arr)
             self.keys = merged
         pos = np.searchsorted(self.keys, keys)
         np.add.at(self.count, pos, 1)
         np.add.at(self.s1, pos, out)
         np.add.at(self.s2, pos, out * out)
-        self.last[np.searchsorted(self.keys, uniq)] = out[last_idx]
+        at = np.searchsorted(self.keys, uniq)
+        self.last[at] = out[last_idx]
+        self.last_time[at] = times[last_idx]
 
     def remove(self, keys: np.ndarray, out: np.ndarray) -> None:
         """Remove completions that left the window; keys with no completion left are dropped."""
@@ -287,19 +371,28 @@ class KeyWindowTable:
         np.subtract.at(self.s2, pos, out * out)
         keep = self.count > 0
         if not keep.all():
-            for name in ("keys", "count", "s1", "s2", "last"):
+            for name in ("keys", "count", "s1", "s2", "last", "last_time"):
                 setattr(self, name, getattr(self, name)[keep])
 
-    def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, ...]:
-        """(count, s1, s2, last) per query key; zeros where the key has no history."""
+    def lookup(self, keys: np.ndarray, order: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+        """(count, s1, s2, last, last_time) per query key; 0 (time NaN) without history.
+
+        ``order`` (``argsort(keys)``, shared by several tables) makes the searches faster.
+        """
         if self.keys.size == 0:
             z = np.zeros(keys.shape[0], dtype=np.int64)
-            return z, z, z, z
-        pos = np.minimum(np.searchsorted(self.keys, keys), self.keys.size - 1)
+            return z, z, z, z, np.full(keys.shape[0], np.nan)
+        if order is None:
+            pos = np.searchsorted(self.keys, keys)
+        else:
+            pos = np.empty(keys.shape[0], dtype=np.int64)
+            pos[order] = np.searchsorted(self.keys, keys[order])
+        np.minimum(pos, self.keys.size - 1, out=pos)
         hit = (self.keys[pos] == keys) & (keys != 0)
-        return tuple(
+        sums = tuple(
             np.where(hit, arr[pos], 0) for arr in (self.count, self.s1, self.s2, self.last)
         )
+        return (*sums, np.where(hit, self.last_time[pos], np.nan))
 
 
 class OnlineHistory:
@@ -317,6 +410,8 @@ class OnlineHistory:
         self.time = np.full(w, np.nan)
         self.keys = {src: np.zeros(w, dtype=np.uint64) for src in cfg.key_sources}
         self.tables = {kt: KeyWindowTable() for kt in cfg.key_tables}
+        self.keyed = {(src, w): KeyedCounts() for w in cfg.cond_tables for src in cfg.key_sources}
+        self.marginal = {w: MarginalCounts() for w in cfg.cond_tables}
         self.ewma = np.full(len(cfg.ewma_halflives), np.nan)
         self.size = 0  # valid entries (<= window)
         self.total = 0  # completions ever observed
@@ -349,12 +444,26 @@ class OnlineHistory:
             gone = np.arange(first, stop) % w
             table.remove(self.keys[src][gone], self.out[gone])
             entering = slice(max(m - win, 0), m)
-            table.add(new_keys[src][entering], out[entering])
+            table.add(new_keys[src][entering], out[entering], times[entering])
+        for win in self.cfg.cond_tables:
+            gone, entering = self._leaving(win, m), slice(max(m - win, 0), m)
+            for src in self.cfg.key_sources:
+                keyed = self.keyed[(src, win)]
+                keyed.remove(self.keys[src][gone], self.out[gone])
+                keyed.add(new_keys[src][entering], out[entering])
+            self.marginal[win].add(self.out[gone], -1)
+            self.marginal[win].add(out[entering], 1)
         for src in self.cfg.key_sources:
             self.keys[src][slots] = new_keys[src][keep]
         self.out[slots], self.inp[slots], self.time[slots] = out[keep], inp[keep], times[keep]
         self.size = min(self.size + k, w)
         self.total += m
+
+    def _leaving(self, win: int, m: int) -> np.ndarray:
+        """Slots of stored completions that leave a ``win`` window when ``m`` more arrive."""
+        first = max(self.total - win, 0)
+        stop = min(max(self.total + m - win, 0), self.total)
+        return np.arange(first, stop) % self.cfg.window
 
     def _recent_slots(self, n: int) -> np.ndarray:
         return (self.total - n + np.arange(n)) % self.cfg.window
@@ -369,8 +478,8 @@ class OnlineHistory:
         """Feature matrix ``(n, F)`` at ``time_s`` from the observed completions."""
         n = age.shape[0]
         cfg = self.cfg
-        cols = [prompt_tokens.astype(np.float64), age.astype(np.float64)]
-        cols += [np.full(n, e) for e in self.ewma]
+        # columns (arrays or scalars) go straight into one preallocated row-major matrix
+        cols: list[np.ndarray | float] = [prompt_tokens, age, *self.ewma]
         rec = self._recent_slots(min(self.size, cfg.recent))
         o, i = self.out[rec], self.inp[rec]
         glob = _global_stats(
@@ -379,17 +488,38 @@ class OnlineHistory:
             np.array([(o * o).sum()]),
             np.array([i.sum()]),
         )
-        cols.append(np.repeat(glob, n, axis=0))
+        cols += [float(g[0]) for g in glob]
         if time_s is None:
-            rate = np.full(n, np.nan)
+            cols.append(np.nan)
         else:
             valid = self.time[self._recent_slots(self.size)]
-            rate = np.full(n, _rate(np.count_nonzero(valid >= time_s - cfg.rate_window_s), cfg))
-        cols.append(rate[:, None])
+            cols.append(float(_rate(np.count_nonzero(valid >= time_s - cfg.rate_window_s), cfg)))
         queries = {src: derive_keys(src, prompt_tokens, prompt_key) for src in cfg.key_sources}
-        for (src, _), table in self.tables.items():
-            cols.append(_key_stats(*table.lookup(queries[src]), age))
-        return np.column_stack(cols)
+        orders = {src: np.argsort(q) for src, q in queries.items()}
+        since = {}
+        for (src, win), table in self.tables.items():
+            *sums, last_time = table.lookup(queries[src], orders[src])
+            cols += _key_stats(*sums, age)
+            if win == cfg.window:
+                now = np.nan if time_s is None else float(time_s)
+                since[src] = now - last_time
+        cols += [since[src] for src in cfg.key_sources]
+        a = np.asarray(age, dtype=np.int64)
+        h = cfg.horizon
+        prepared = {src: KeyedQuery.of(queries[src], a) for src in cfg.key_sources}
+        for win in cfg.cond_tables:
+            mc = self.marginal[win]
+            cm = mc.csurv(a + h) - mc.csurv(a)
+            marginal = (np.full(n, float(mc.n)), mc.surv(a), mc.surv(a + h), cm)
+            keyed = [
+                self.keyed[(src, win)].query_prepared(prepared[src], h, counts=False)
+                for src in cfg.key_sources
+            ]
+            cols += _cond_columns(marginal, keyed, cfg)
+        x = np.empty((n, len(cols)))
+        for j, col in enumerate(cols):
+            x[:, j] = col
+        return x
 
 
 def training_rows(

@@ -18,7 +18,10 @@ there is no evidence about it, so it is projected to survive the window (``p_fin
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
+from numba import njit
 
 from predict.base import Prediction
 
@@ -112,6 +115,27 @@ class MarginalCounts:
         return self.csurv_[np.minimum(x, self.csurv_.size - 1)]
 
 
+@dataclass(frozen=True, slots=True)
+class KeyedQuery:
+    """Query rows for :meth:`KeyedCounts.query_prepared`, sorted once by (key, age).
+
+    Binary searches run faster on sorted needles; the answers are put back in row order.
+    """
+
+    ages: np.ndarray  # int64, row order
+    none: np.ndarray  # bool, row order: rows without a key
+    order: np.ndarray  # rows by (key block, age)
+    base: np.ndarray  # uint64 key blocks, sorted order
+    age: np.ndarray  # uint64 ages, sorted order
+
+    @classmethod
+    def of(cls, keys: np.ndarray, ages: np.ndarray) -> KeyedQuery:
+        base = key_base(keys)
+        a = np.asarray(ages).astype(np.uint64)
+        order = np.argsort(base | a)
+        return cls(np.asarray(ages, dtype=np.int64), keys == 0, order, base[order], a[order])
+
+
 class KeyedCounts:
     """Per-key outputs as one sorted composite array ``key_base | output`` plus output sums."""
 
@@ -152,20 +176,27 @@ class KeyedCounts:
 
     def query(self, keys: np.ndarray, ages: np.ndarray, horizon: int) -> tuple[np.ndarray, ...]:
         """Per row: key count n, S(a), S(a+H), and sum over outputs o > a of min(o - a, H)."""
+        return self.query_prepared(KeyedQuery.of(keys, ages), horizon)
+
+    def query_prepared(
+        self, q: KeyedQuery, horizon: int, *, counts: bool = True
+    ) -> tuple[np.ndarray | None, np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`query` for rows prepared once (several tables, one sort); ``n`` is None
+        unless ``counts``."""
         if self._dirty:
             self._refresh()
-        base = key_base(keys)
-        a = ages.astype(np.uint64)
-        end = np.searchsorted(self.comp, base | OUT_MASK, side="right")
-        start = np.searchsorted(self.comp, base, side="left")
-        i_a = np.searchsorted(self.comp, base | a, side="right")
-        i_b = np.searchsorted(self.comp, base | (a + np.uint64(horizon)), side="right")
-        none = keys == 0
-        n = np.where(none, 0, end - start).astype(np.float64)
-        s_a = np.where(none, 0, end - i_a).astype(np.float64)
-        s_b = np.where(none, 0, end - i_b).astype(np.float64)
-        within = self.csum_[i_b] - self.csum_[i_a] - ages * (i_b - i_a)
-        capped = np.where(none, 0.0, within + horizon * s_b)
+        needles = [q.base | q.age, q.base | (q.age + np.uint64(horizon)), q.base | OUT_MASK]
+        if counts:
+            needles.append(q.base)
+        idx = np.empty((len(needles), q.order.size), dtype=np.int64)
+        for j, needle in enumerate(needles):
+            idx[j, q.order] = np.searchsorted(self.comp, needle, side="left" if j == 3 else "right")
+        i_a, i_b, end = idx[0], idx[1], idx[2]
+        n = np.where(q.none, 0, end - idx[3]).astype(np.float64) if counts else None
+        s_a = np.where(q.none, 0, end - i_a).astype(np.float64)
+        s_b = np.where(q.none, 0, end - i_b).astype(np.float64)
+        within = self.csum_[i_b] - self.csum_[i_a] - q.ages * (i_b - i_a)
+        capped = np.where(q.none, 0.0, within + horizon * s_b)
         return n, s_a, s_b, capped
 
     def surv_matrix(self, keys: np.ndarray, ages: np.ndarray, horizon: int) -> np.ndarray:
@@ -227,3 +258,111 @@ def conditional_prediction(
         p = 1.0 - curves[:, h]
         c = curves[:, :h].sum(axis=1) if h > 0 else np.zeros(ages.size)
     return Prediction(p_finish=np.clip(p, 0.0, 1.0), c=np.clip(c, min(1.0, h), h), survival=curves)
+
+
+@njit(cache=True, nogil=True)
+def _asof_sweep(
+    slot: np.ndarray,
+    out: np.ndarray,
+    q_order: np.ndarray,
+    q_done: np.ndarray,
+    q_pos: np.ndarray,
+    window: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Fenwick-tree sweep: prefix counts and output sums at ``q_pos`` as of each query's time.
+
+    History item ``p`` (the p-th completion) sits at ``slot[p]`` of the (key, output) order, or
+    nowhere (-1). Query ``q`` sees items ``max(q_done[q] - window, 0) <= p < q_done[q]``; the
+    answer is, for each column ``j`` of ``q_pos``, how many of them (and their output sum) sit at
+    slots below ``q_pos[q, j]``. Queries are visited in ``q_order`` (non-decreasing ``q_done``).
+    """
+    size = q_pos.shape[0]
+    n_slots = slot.shape[0]
+    cnt = np.zeros(n_slots + 1, np.int64)
+    tot = np.zeros(n_slots + 1, np.int64)
+    res_n = np.zeros(q_pos.shape, np.int64)
+    res_s = np.zeros(q_pos.shape, np.int64)
+    added = 0
+    removed = 0
+    for k in range(size):
+        q = q_order[k]
+        done = q_done[q]
+        while added < done:
+            i = slot[added] + 1
+            if i > 0:
+                v = out[added]
+                while i <= n_slots:
+                    cnt[i] += 1
+                    tot[i] += v
+                    i += i & -i
+            added += 1
+        while removed < done - window:
+            i = slot[removed] + 1
+            if i > 0:
+                v = out[removed]
+                while i <= n_slots:
+                    cnt[i] -= 1
+                    tot[i] -= v
+                    i += i & -i
+            removed += 1
+        for j in range(q_pos.shape[1]):
+            i = q_pos[q, j]
+            c = 0
+            s = 0
+            while i > 0:
+                c += cnt[i]
+                s += tot[i]
+                i -= i & -i
+            res_n[q, j] = c
+            res_s[q, j] = s
+    return res_n, res_s
+
+
+def asof_key_terms(
+    hist_keys: np.ndarray,
+    hist_out: np.ndarray,
+    q_keys: np.ndarray,
+    q_done: np.ndarray,
+    ages: np.ndarray,
+    horizon: int,
+    window: int,
+) -> tuple[np.ndarray, ...]:
+    """Offline twin of :meth:`KeyedCounts.query`, each query as of its own point in history.
+
+    ``hist_keys``/``hist_out`` are completions in the order ``observe()`` sees them; query ``q``
+    is answered from the window a :class:`SlidingWindow` of ``window`` holds after the first
+    ``q_done[q]`` of them, exactly as :meth:`KeyedCounts.query` would then: returns
+    ``(n, S(a), S(a+H), sum_{o>a} min(o-a, H))`` as float64. O((N + Q) log N), no per-query window.
+    """
+    hist_keys = np.asarray(hist_keys, dtype=np.uint64)
+    out = np.minimum(np.asarray(hist_out, dtype=np.int64), int(OUT_MASK))
+    q_keys = np.asarray(q_keys, dtype=np.uint64)
+    ages = np.asarray(ages, dtype=np.int64)
+    valid = hist_keys != 0
+    comp = KeyedCounts.encode(hist_keys[valid], out[valid])
+    srt = np.argsort(comp, kind="stable")
+    slot = np.full(out.shape[0], -1, dtype=np.int64)
+    slot[np.flatnonzero(valid)[srt]] = np.arange(srt.size)
+    comp = comp[srt]
+    base = key_base(q_keys)
+    a = ages.astype(np.uint64)
+    pos = np.column_stack(
+        [
+            np.searchsorted(comp, base, side="left"),
+            np.searchsorted(comp, base | a, side="right"),
+            np.searchsorted(comp, base | (a + np.uint64(horizon)), side="right"),
+            np.searchsorted(comp, base | OUT_MASK, side="right"),
+        ]
+    ).astype(np.int64)
+    q_done = np.asarray(q_done, dtype=np.int64)
+    cnt, tot = _asof_sweep(
+        slot, out, np.argsort(q_done, kind="stable"), q_done, pos, max(int(window), 0)
+    )
+    none = q_keys == 0
+    start, i_a, i_b, end = (cnt[:, j] for j in range(4))
+    n = np.where(none, 0, end - start).astype(np.float64)
+    s_a = np.where(none, 0, end - i_a).astype(np.float64)
+    s_b = np.where(none, 0, end - i_b).astype(np.float64)
+    within = (tot[:, 2] - tot[:, 1]) - ages * (i_b - i_a)
+    capped = np.where(none, 0.0, within + horizon * s_b)
+    return n, s_a, s_b, capped

@@ -9,12 +9,28 @@ from features.causal import CausalConfig, OnlineHistory, trace_snapshot_features
 from features.schema import TraceArrays, to_arrays
 from features.synthetic import generate
 
-CFG = CausalConfig(window=300, recent=40, key_windows=(60, 7), ewma_halflives=(4, 64))
+CFG = CausalConfig(
+    window=300,
+    recent=40,
+    key_windows=(60, 7),
+    ewma_halflives=(4, 64),
+    cond_windows=(50,),
+    horizon=16,
+)
 
 
-@pytest.fixture(scope="module")
-def arrays() -> TraceArrays:
-    return to_arrays(generate("mooncake-conv", 1500, seed=5))
+@pytest.fixture(scope="module", params=["trace", "few-keys"])
+def arrays(request) -> TraceArrays:
+    """The synthetic trace, and a variant whose keys and prompt lengths repeat a lot."""
+    a = to_arrays(generate("mooncake-conv", 1500, seed=5))
+    if request.param == "trace":
+        return a
+    return TraceArrays(
+        a.arrival_s,
+        a.prompt_tokens // 400 * 400 + 1,
+        a.output_tokens,
+        (a.prompt_key % np.uint64(23)) + np.uint64(1),
+    )
 
 
 def _snapshots(arrays: TraceArrays, n: int, seed: int = 0):
@@ -28,6 +44,10 @@ def test_online_state_matches_offline_builder(arrays):
     """Observing completions in time order (in uneven batches) gives the offline features."""
     idx, age = _snapshots(arrays, 150)
     offline = trace_snapshot_features(arrays, idx, age, CFG)
+    # the stacked empirical answers and the time since a key's last completion are covered
+    names = list(CFG.feature_names)
+    for name in ("marginal_w50_cond_p", "hash_w300_em_p", "hash_w300_cond_p", "hash_since_last_s"):
+        assert np.isfinite(offline[:, names.index(name)]).any(), name
     t = CFG.snapshot_times(arrays, idx, age)
     finish = CFG.finish_times(arrays)
     order = np.argsort(finish, kind="stable")
@@ -86,6 +106,10 @@ def test_online_memory_is_bounded(arrays):
     for (_, win), table in hist.tables.items():
         assert len(table) <= win
         assert table.count.sum() == min(win, arrays.size)
+    for (_, win), keyed in hist.keyed.items():  # stacked empirical features: same windows
+        assert keyed.comp.size <= win
+    for win, marginal in hist.marginal.items():
+        assert marginal.n == min(win, arrays.size)
 
 
 def test_training_rows_grid_cap_and_weights():

@@ -1,0 +1,119 @@
+"""Probability calibration maths: expected calibration error, Platt scaling, online recalibration.
+
+- :func:`expected_calibration_error` is the one ECE definition (``training.metrics`` re-exports it);
+- :func:`fit_platt` fits ``p = sigmoid(a * logit(raw) + b)`` by weighted Newton steps, optionally
+  pulled toward prior parameters;
+- :class:`OnlineRecalibrator` refits Platt's two parameters on a bounded window of recent
+  (score, outcome) pairs, with a fixed sample of the training calibration slice as a prior, so a
+  served model follows drift in how often requests finish without retraining the boosters.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def expected_calibration_error(
+    p: np.ndarray, y: np.ndarray, bins: int = 15, weight: np.ndarray | None = None
+) -> float:
+    """ECE: (weighted) mean |mean(p) - mean(y)| over equal-width probability bins."""
+    if p.size == 0:
+        return float("nan")
+    w = np.ones_like(p) if weight is None else weight
+    b = np.clip((p * bins).astype(np.int64), 0, bins - 1)
+    sp = np.bincount(b, weights=w * p, minlength=bins)
+    sy = np.bincount(b, weights=w * y, minlength=bins)
+    return float(np.abs(sp - sy).sum() / w.sum())
+
+
+def logit(p: np.ndarray) -> np.ndarray:
+    """log(p / (1 - p)) with p clipped to [1e-6, 1 - 1e-6]."""
+    p = np.clip(p, 1e-6, 1 - 1e-6)
+    return np.log(p / (1 - p))
+
+
+def sigmoid(z: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-z))
+
+
+def fit_platt(
+    z: np.ndarray,
+    y: np.ndarray,
+    w: np.ndarray | None = None,
+    *,
+    start: tuple[float, float] = (1.0, 0.0),
+    ridge: float = 1e-6,
+    steps: int = 25,
+) -> tuple[float, float]:
+    """Weighted logistic regression of ``y`` on ``z`` (slope, intercept) by Newton's method.
+
+    ``ridge`` is a tiny L2 pull toward ``start`` that keeps the 2x2 system solvable when the
+    scores are constant or perfectly separating.
+    """
+    w = np.ones_like(z) if w is None else w
+    a0, b0 = float(start[0]), float(start[1])
+    theta = np.array([a0, b0])
+    for _ in range(steps):
+        q = sigmoid(theta[0] * z + theta[1])
+        r = w * (q - y)
+        s = w * q * (1.0 - q)
+        grad = np.array([r @ z, r.sum()]) + ridge * (theta - (a0, b0))
+        hess = np.array([[s @ (z * z), s @ z], [s @ z, s.sum()]]) + ridge * np.eye(2)
+        step = np.linalg.solve(hess, grad)
+        theta -= step
+        if np.abs(step).max() < 1e-9:
+            break
+    return float(theta[0]), float(theta[1])
+
+
+class OnlineRecalibrator:
+    """Platt parameters refitted on the last ``window`` (logit score, outcome) pairs.
+
+    The fit also counts ``prior_z, prior_y`` (a sample of the training calibration slice) with
+    total weight ``prior_weight * window``, so a few recent outcomes nudge the static calibration
+    and a full window of them mostly decides it. Memory is O(window + prior sample).
+    """
+
+    def __init__(
+        self,
+        params: tuple[float, float],
+        prior_z: np.ndarray,
+        prior_y: np.ndarray,
+        prior_w: np.ndarray,
+        *,
+        window: int = 3000,
+        prior_weight: float = 0.5,
+    ) -> None:
+        self.window = int(window)
+        self.static = (float(params[0]), float(params[1]))
+        self.params = self.static
+        self.prior_z = np.asarray(prior_z, dtype=np.float64)
+        self.prior_y = np.asarray(prior_y, dtype=np.float64)
+        total = float(np.sum(prior_w)) or 1.0
+        self.prior_w = np.asarray(prior_w, dtype=np.float64) * (prior_weight * self.window / total)
+        self.z = np.zeros(self.window)
+        self.y = np.zeros(self.window)
+        self.count = 0  # pairs ever added
+
+    def __len__(self) -> int:
+        return min(self.count, self.window)
+
+    def add(self, z: np.ndarray, y: np.ndarray) -> None:
+        """Record new (logit score, outcome) pairs and refit the two parameters."""
+        m = int(z.shape[0])
+        if m == 0 or self.window == 0:
+            return
+        keep = slice(max(m - self.window, 0), m)
+        k = min(m, self.window)
+        slots = (self.count + m - k + np.arange(k)) % self.window
+        self.z[slots], self.y[slots] = z[keep], y[keep]
+        self.count += m
+        n = len(self)
+        zz = np.concatenate([self.prior_z, self.z[:n]])
+        yy = np.concatenate([self.prior_y, self.y[:n]])
+        ww = np.concatenate([self.prior_w, np.ones(n)])
+        self.params = fit_platt(zz, yy, ww, start=self.params, steps=4)
+
+    def __call__(self, z: np.ndarray) -> np.ndarray:
+        a, b = self.params
+        return sigmoid(a * z + b)

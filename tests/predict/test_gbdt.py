@@ -1,0 +1,103 @@
+"""gbdt internals: the compiled forest equals LightGBM, online recalibration is bounded and causal."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import lightgbm as lgb
+import numpy as np
+import pytest
+
+from features.schema import to_arrays
+from predict.base import CompletedBatch, RunningBatch
+from predict.calibration import OnlineRecalibrator, expected_calibration_error, fit_platt
+from predict.gbdt import Forest, GBDTEstimator
+from tests.predict.conftest import FAST_PARAMS, HORIZON
+
+
+def _data(n: int = 3000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 6))
+    x[rng.random(x.shape) < 0.15] = np.nan  # missing values on every feature
+    x[:, 5] = np.where(rng.random(n) < 0.3, 0.0, x[:, 5])  # exact zeros too
+    y = np.nan_to_num(x[:, 0]) + 0.5 * np.nan_to_num(x[:, 1]) + rng.normal(size=n) > 0
+    return x, y.astype(np.float64)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"objective": "binary", "num_leaves": 8, "max_depth": 3},  # heap layout
+        {"objective": "binary", "num_leaves": 31},  # deep trees: generic walk
+        {"objective": "regression", "num_leaves": 15, "max_depth": 4},
+        {"objective": "binary", "num_leaves": 8, "max_depth": 3, "zero_as_missing": True},
+        {"objective": "binary", "num_leaves": 8, "use_missing": False},
+    ],
+)
+def test_forest_reproduces_lightgbm_raw_scores(params):
+    x, y = _data()
+    booster = lgb.train(
+        {**params, "min_data_in_leaf": 20, "verbose": -1, "num_threads": 1, "seed": 0},
+        lgb.Dataset(x, y),
+        num_boost_round=25,
+    )
+    forest = Forest.from_booster(booster)
+    if "max_depth" in params:  # shallow: the heap layout, unless zero counts as missing
+        assert (forest.heap_leaf is not None) == (not params.get("zero_as_missing"))
+    if params.get("num_leaves") == 31:
+        assert forest.heap_leaf is None
+    probe, _ = _data(777, seed=1)
+    probe[:5] = np.nan
+    probe[5:10] = 0.0
+    want = booster.predict(probe, raw_score=True)
+    np.testing.assert_array_equal(forest.raw(probe), want)
+    generic = replace(forest, heap_leaf=None)  # the node-walk kernel on the same trees
+    np.testing.assert_array_equal(generic.raw(probe), want)
+
+
+def test_fit_platt_recovers_parameters():
+    rng = np.random.default_rng(2)
+    z = rng.normal(size=20_000) * 2
+    y = (rng.random(z.size) < 1 / (1 + np.exp(-(0.7 * z - 0.4)))).astype(np.float64)
+    a, b = fit_platt(z, y)
+    assert a == pytest.approx(0.7, abs=0.05) and b == pytest.approx(-0.4, abs=0.05)
+
+
+def test_online_recalibrator_is_bounded_and_follows_drift():
+    rng = np.random.default_rng(3)
+    prior_z = rng.normal(size=500)
+    prior_y = (rng.random(500) < 1 / (1 + np.exp(-prior_z))).astype(np.float64)
+    rec = OnlineRecalibrator((1.0, 0.0), prior_z, prior_y, np.ones(500), window=400)
+    for _ in range(20):  # the world now finishes far less often than the scores say
+        z = rng.normal(size=90)
+        rec.add(z, (rng.random(90) < 1 / (1 + np.exp(-(z - 1.5)))).astype(np.float64))
+    assert len(rec) == 400 and rec.z.size == 400
+    assert rec.params[1] < -0.8  # the intercept moved most of the way to -1.5
+    assert rec(np.zeros(1))[0] < 0.35
+
+
+def test_ece_lives_in_predict_and_training_reexports_it():
+    from training.metrics import expected_calibration_error as from_training
+
+    assert from_training is expected_calibration_error
+
+
+def test_observe_scores_before_learning_and_stays_bounded(small_trace):
+    """Recalibration pairs come from the state before a completion is added; memory is fixed."""
+    est = GBDTEstimator(horizon=HORIZON, recal_window=64, **FAST_PARAMS["gbdt"])
+    est.fit(small_trace.iloc[:400])
+    a = to_arrays(small_trace.iloc[400:])
+    t = est.config_.finish_times(a)
+    first = est.recalibrator_.params
+    for lo in range(0, a.size, 25):
+        sl = slice(lo, lo + 25)
+        est.observe(
+            CompletedBatch(a.prompt_tokens[sl], a.output_tokens[sl], a.prompt_key[sl], t[sl])
+        )
+    assert len(est.recalibrator_) == 64 and est.recalibrator_.z.size == 64
+    assert est.recalibrator_.params != first
+    batch = RunningBatch(a.prompt_tokens[:50], np.arange(50) % 9, a.prompt_key[:50])
+    online = est.predict(batch).p_finish
+    est.recalibrate = False
+    static = est.predict(batch).p_finish
+    assert np.all((online >= 0) & (online <= 1)) and not np.allclose(online, static)

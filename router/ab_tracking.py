@@ -11,7 +11,7 @@ EXPERIMENT = "balanceroute-ab"
 
 
 def log_ab(
-    agg: dict[str, Any], raw: dict[str, Any], cfg: ABConfig, out: Path, meta: dict[str, Any]
+    summary: dict[str, Any], raw: dict[str, Any], cfg: ABConfig, out: Path, meta: dict[str, Any]
 ) -> str:
     """Parent run (config, report, plots, summary) with a child run per arm; returns its id."""
     from training.tracking import setup_mlflow
@@ -30,7 +30,7 @@ def log_ab(
                 "saturate": cfg.saturate,
                 "load": cfg.load,
                 "rate_scale": cfg.rate_scale,
-                "reference": agg["reference"],
+                "reference": summary["reference"],
                 "workload": str(meta.get("workload"))[:500],
             }
         )
@@ -40,7 +40,7 @@ def log_ab(
         for plot in meta.get("plots", []):
             mlflow.log_artifact(str(out / plot), artifact_path="plots")
         for arm in cfg.arms:
-            stats = agg["arms"][arm.label]
+            stats = summary["arms"][arm.label]
             with mlflow.start_run(run_name=arm.label, nested=True):
                 mlflow.log_params(
                     {

@@ -185,11 +185,7 @@ class BalanceRoutePolicy(Policy):
             self._adapt_gamma(output_tokens)
         if self.config.horizon > 0 and self.projection.k0 is not None:
             self.projection.remove(positions)
-        if (
-            self.estimator is not None
-            and self.config.horizon > 0
-            and self.estimator.learns_online
-        ):
+        if self.estimator is not None and self.config.horizon > 0 and self.estimator.learns_online:
             table = self.ctx.requests
             self.estimator.observe(
                 CompletedBatch(

@@ -266,12 +266,10 @@ def cmd_ab(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     order = [a.label for a in cfg.arms]
-    g0 = workers[0]
+    g0 = report.main_workers(list(workers))
     ref = agg["reference"]
-    first = {
-        k: (v if len(workers) == 1 else v["by_workers"][str(g0)]) for k, v in agg["arms"].items()
-    }
-    best = min(order, key=lambda a: first[a].get("steady_mean_imbalance") or float("inf"))
+    main = {k: report.at(v, g0, list(workers)) for k, v in agg["arms"].items()}
+    best = min(order, key=lambda a: main[a].get("steady_mean_imbalance") or float("inf"))
     made = [
         plots.trajectories(raw, list(dict.fromkeys([ref, best])), g0, out / "trajectories.png"),
         plots.imbalance_distribution(raw, order, g0, out / "imbalance_distribution.png"),
@@ -284,11 +282,15 @@ def cmd_ab(args: argparse.Namespace) -> int:
         "plots": [p.name for p in made],
     }
     summary = {
-        "arms": agg["arms"],
+        "arms": {
+            k: {**main[k], **({"by_workers": v["by_workers"]} if "by_workers" in v else {})}
+            for k, v in agg["arms"].items()
+        },
         "reference": ref,
         "config": {
             "arms": order,
             "workers": list(workers),
+            "main_workers": g0,
             "slots": args.slots,
             "repeats": args.repeats,
             "windows": raw["info"]["windows"],
@@ -300,27 +302,28 @@ def cmd_ab(args: argparse.Namespace) -> int:
             "seed": args.seed,
             "cost": base.as_dict(),
             "workload": source,
+            "workload_text": meta["workload"],
+            "plots": meta["plots"],
             "estimators": {k: v for k, v in raw["info"].items() if k != "windows"},
             "jobs": args.jobs,
             "dask_scheduler": args.dask_scheduler,
         },
     }
     write_json(out / "summary.json", summary)
-    text = report.render(agg, raw, cfg, meta)
     tmp = out / ".report.md.tmp"
-    tmp.write_text(text)
+    tmp.write_text(report.render(summary))
     tmp.replace(out / "report.md")
     if not args.no_mlflow:
         from router.ab_tracking import log_ab
 
         try:
-            run_id = log_ab(agg, raw, cfg, out, meta)
+            run_id = log_ab(summary, raw, cfg, out, meta)
             print(f"logged to MLflow run {run_id} (experiment balanceroute-ab)", file=sys.stderr)
         except Exception as exc:
             print(
                 f"ab: warning: MLflow logging failed ({exc}); results are in {out}", file=sys.stderr
             )
-    print(report.table3(first, order))
+    print(report.table3(main, order))
     print(
         f"\nwrote {out / 'report.md'}, {out / 'summary.json'} and "
         f"{', '.join(str(out / p) for p in meta['plots'])} "

@@ -1,10 +1,13 @@
-"""The A/B report: tables in the shape of the paper's Tables 3 and 4, and the value of prediction."""
+"""The A/B report, rendered from ``summary.json`` alone: tables in the shape of the paper's
+Tables 3 and 4, the value of prediction, and fairness."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from router.ab import ABConfig
+import numpy as np
+
+from router.ab import bootstrap_mean_ci
 
 COLUMNS = (
     ("steady_mean_imbalance", "Mean I (steady)", "{:,.0f}"),
@@ -13,6 +16,16 @@ COLUMNS = (
     ("throughput_tok_s", "Tput tok/s", "{:,.0f}"),
     ("queue_delay_p99_s", "Queue p99 s", "{:,.1f}"),
 )
+
+
+def main_workers(workers: list[int]) -> int:
+    """The G the headline tables use: 8 (the paper's) when it was run, else the first."""
+    return 8 if 8 in workers else workers[0]
+
+
+def at(stats: dict[str, Any], g: int, workers: list[int]) -> dict[str, Any]:
+    """An arm's statistics at ``g`` workers."""
+    return stats if len(workers) == 1 else stats["by_workers"][str(g)]
 
 
 def _cell(stats: dict[str, Any], key: str, fmt: str) -> str:
@@ -30,17 +43,15 @@ def _cell(stats: dict[str, Any], key: str, fmt: str) -> str:
 def table3(arms: dict[str, Any], order: list[str]) -> str:
     """One row per arm: each metric as mean [95% interval] (ratio to the reference)."""
     head = "| Arm | " + " | ".join(title for _, title, _ in COLUMNS) + " |"
-    rule = "|---" * (len(COLUMNS) + 1) + "|"
-    rows = [head, rule]
+    rows = [head, "|---" * (len(COLUMNS) + 1) + "|"]
     for label in order:
-        stats = arms[label]
-        cells = [_cell(stats, key, fmt) for key, _, fmt in COLUMNS]
+        cells = [_cell(arms[label], key, fmt) for key, _, fmt in COLUMNS]
         rows.append(f"| `{label}` | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
-def table4(arms: dict[str, Any], order: list[str], workers: tuple[int, ...]) -> str:
-    """Arm x G: steady mean imbalance / TPOT P95 / throughput, with the imbalance ratio."""
+def table4(arms: dict[str, Any], order: list[str], workers: list[int]) -> str:
+    """Arm x G: steady mean imbalance (ratio) / TPOT P95 / throughput."""
     head = "| Arm | " + " | ".join(f"G = {g}" for g in workers) + " |"
     rows = [head, "|---" * (len(workers) + 1) + "|"]
     for label in order:
@@ -58,116 +69,108 @@ def table4(arms: dict[str, Any], order: list[str], workers: tuple[int, ...]) -> 
     return "\n".join(rows)
 
 
-def prediction_value(arms: dict[str, Any], cfg: ABConfig, raw: dict[str, Any]) -> str:
-    """For each learned estimator: brh with none, with it, with the oracle, and the gap closed."""
-    import numpy as np
+def _steady(stats: dict[str, Any]) -> np.ndarray:
+    return np.array([r["steady_mean_imbalance"] for r in stats["repeats"]], dtype=float)
 
-    from router.ab import bootstrap_mean_ci
 
-    brh = [a for a in cfg.arms if a.router == "brh"]
-    base = {a.estimator: a for a in brh if a.estimator == "none" and not a.options}
-    oracle = {a.estimator: a for a in brh if a.estimator == "oracle" and not a.options}
-    if not base or not oracle:
+def prediction_value(arms: dict[str, Any], order: list[str], workers: list[int]) -> str:
+    """For each estimator: ``brh`` with none, with it and with the oracle, and the gap closed."""
+    if "brh:none" not in arms or "brh:oracle" not in arms:
         return (
-            "Add `brh:none` and `brh:oracle` arms (default options) to measure what each "
-            "estimator is worth."
+            "Add `brh:none` and `brh:oracle` arms to measure what each estimator is worth "
+            "(the same router with and without prediction)."
         )
-    g = cfg.workers[0]
-    runs = {}
-    for t in raw["tasks"]:
-        if t["workers"] == g:
-            runs.setdefault(t["arm"], {})[t["repeat"]] = t["summary"]["steady_mean_imbalance"]
-    none_l, orc_l = base["none"].label, oracle["oracle"].label
+    learned = [a for a in order if a.startswith("brh:") and a not in ("brh:none", "brh:oracle")]
     lines = [
-        f"Steady mean imbalance of `brh` at G = {g} (mean over repeats [95% interval]); gap "
-        "closed = (none - estimator) / (none - oracle), paired by repeat.",
+        "Steady mean imbalance of `brh` (mean over repeats [95% interval]); gap closed = "
+        "(none - estimator) / (none - oracle), paired by repeat.",
         "",
-        "| Estimator | brh:none | brh:estimator | brh:oracle | gap closed |",
-        "|---|---|---|---|---|",
+        "| G | Estimator | brh:none | brh:estimator | brh:oracle | gap closed |",
+        "|---|---|---|---|---|---|",
     ]
-    n_vals = np.array([runs[none_l][r] for r in sorted(runs[none_l])], dtype=float)
-    o_vals = np.array([runs[orc_l][r] for r in sorted(runs[orc_l])], dtype=float)
-    oracle_helps = o_vals.mean() < n_vals.mean()
-    for a in brh:
-        if a.estimator in ("none", "oracle") or a.options:
-            continue
-        e_vals = np.array([runs[a.label][r] for r in sorted(runs[a.label])], dtype=float)
-        fmt = "{:,.0f}"
-        cells = []
-        for vals in (n_vals, e_vals, o_vals):
-            p, lo, hi = bootstrap_mean_ci(vals)
-            cells.append(f"{fmt.format(p)} [{fmt.format(lo)}, {fmt.format(hi)}]")
-        if oracle_helps:
-            closed = (n_vals - e_vals) / np.where(n_vals - o_vals == 0, np.nan, n_vals - o_vals)
-            closed = closed[~np.isnan(closed)]
-            p, lo, hi = bootstrap_mean_ci(closed) if closed.size else (float("nan"),) * 3
-            gap = f"{p:.2f} [{lo:.2f}, {hi:.2f}]"
-        else:
-            gap = "oracle does not help here"
-        lines.append(f"| `{a.label}` | " + " | ".join(cells) + f" | {gap} |")
-    if not oracle_helps:
+    fmt = "{:,.0f}"
+    notes = []
+    for g in workers:
+        none = _steady(at(arms["brh:none"], g, workers))
+        orc = _steady(at(arms["brh:oracle"], g, workers))
+        helps = orc.mean() < none.mean()
+        if not helps:
+            notes.append(g)
+        for label in learned:
+            est = _steady(at(arms[label], g, workers))
+            cells = []
+            for vals in (none, est, orc):
+                p, lo, hi = bootstrap_mean_ci(vals)
+                cells.append(f"{fmt.format(p)} [{fmt.format(lo)}, {fmt.format(hi)}]")
+            if helps:
+                gap = none - orc
+                closed = (none - est)[gap != 0] / gap[gap != 0]
+                if closed.size:
+                    p, lo, hi = bootstrap_mean_ci(closed)
+                    gap_text = f"{p:.2f} [{lo:.2f}, {hi:.2f}]"
+                else:
+                    gap_text = "n/a"
+            else:
+                gap_text = "oracle does not help"
+            lines.append(f"| {g} | `{label}` | " + " | ".join(cells) + f" | {gap_text} |")
+    if notes:
         lines += [
             "",
-            "On this workload the oracle is no better than no prediction at all: "
-            "knowing which requests finish soon does not pay here.",
+            f"At G = {', '.join(map(str, notes))} the oracle is no better than no prediction: "
+            "knowing which requests finish soon does not pay there.",
         ]
     return "\n".join(lines)
 
 
-def render(agg: dict[str, Any], raw: dict[str, Any], cfg: ABConfig, meta: dict[str, Any]) -> str:
-    """The whole ``report.md``."""
-    arms = agg["arms"]
-    order = [a.label for a in cfg.arms]
-    g0 = cfg.workers[0]
-    mode = (
-        "saturated (all released at t = 0)"
-        if cfg.saturate
-        else f"offered load {cfg.load}x capacity"
-        if cfg.load
-        else f"rate scale {cfg.rate_scale}"
-    )
-    info = raw["info"]
+def render(summary: dict[str, Any]) -> str:
+    """The whole ``report.md`` from a ``summary.json`` payload."""
+    arms = summary["arms"]
+    cfg = summary["config"]
+    order = cfg["arms"]
+    workers = cfg["workers"]
+    g0 = main_workers(workers)
+    if cfg["saturate"]:
+        mode = "saturated (everything released at t = 0)"
+    elif cfg.get("load"):
+        mode = f"arrivals at {cfg['load']}x the estimated decode capacity"
+    else:
+        mode = f"arrival rate scale {cfg['rate_scale']}"
+    est = cfg.get("estimators", {})
     lines = [
         "# BalanceRoute A/B replay",
         "",
-        f"Workload: {meta.get('workload')}. Replayed {info['replay_requests']:,} requests in "
-        f"{len(info['windows'])} window(s) per arm, {mode}, B = {cfg.slots}, "
-        f"cost model {cfg.cost.as_dict()}.",
-        f"Reference arm: `{agg['reference']}`. Every arm replays identical releases "
+        f"Workload: {cfg.get('workload_text')}. Replayed {est.get('replay_requests', 0):,} "
+        f"requests in {len(cfg['windows'])} window(s) per arm, {mode}, B = {cfg['slots']}, "
+        f"cost model {cfg['cost']}.",
+        f"Reference arm: `{summary['reference']}`. Every arm replays identical releases "
         "(paired); intervals are 95% percentile-bootstrap intervals of the mean over repeats, "
         "ratios are paired per repeat.",
     ]
-    if info.get("trained_on_the_fly"):
+    if est.get("trained_on_the_fly"):
         lines.append(
-            f"Estimators trained on the fly on the first {info['history_requests']:,} "
-            f"requests (time-ordered): {', '.join(info['trained_on_the_fly'])}."
+            f"Estimators trained on the fly on the first {est['history_requests']:,} requests "
+            f"(time-ordered, never replayed): {', '.join(est['trained_on_the_fly'])}."
         )
-    if info.get("loaded_from_registry"):
+    if est.get("loaded_from_registry"):
         loaded = ", ".join(
             f"`{k}` ({v['model_uri']}, version {v['version']})"
-            for k, v in info["loaded_from_registry"].items()
+            for k, v in est["loaded_from_registry"].items()
         )
         lines.append(f"Estimators loaded from the registry: {loaded}.")
     lines += [
         "",
         f"## Results at G = {g0} (shape of the paper's Table 3)",
         "",
-        table3(
-            {
-                k: (v if len(cfg.workers) == 1 else v["by_workers"][str(g0)])
-                for k, v in arms.items()
-            },
-            order,
-        ),
+        table3({k: at(v, g0, workers) for k, v in arms.items()}, order),
         "",
         "Steady state = iterations with requests still waiting after admission; the whole-run "
         "mean includes the ramp-up and the final drain.",
         "",
         "## Value of prediction",
         "",
-        prediction_value(arms, cfg, raw),
+        prediction_value(arms, order, workers),
     ]
-    if len(cfg.workers) > 1:
+    if len(workers) > 1:
         lines += [
             "",
             "## Scaling with G (shape of the paper's Table 4)",
@@ -175,18 +178,21 @@ def render(agg: dict[str, Any], raw: dict[str, Any], cfg: ABConfig, meta: dict[s
             "Cells: steady mean imbalance (ratio to the reference) / TPOT P95 ms / "
             "throughput tok/s.",
             "",
-            table4(arms, order, cfg.workers),
+            table4(arms, order, workers),
         ]
     lines += [
         "",
-        "## Fairness",
+        f"## Fairness (G = {g0})",
         "",
-        "| Arm | max queue delay s | most requests that overtook one request |",
-        "|---|---|---|",
+        "| Arm | p99 queue delay s | max queue delay s | most later requests that overtook one |",
+        "|---|---|---|---|",
     ]
     for label in order:
-        s = arms[label] if len(cfg.workers) == 1 else arms[label]["by_workers"][str(g0)]
-        lines.append(f"| `{label}` | {s['max_queue_delay_s']:,.1f} | {s['max_overtaken']:,.0f} |")
-    if meta.get("plots"):
-        lines += ["", "## Plots", ""] + [f"- `{p}`" for p in meta["plots"]]
+        s = at(arms[label], g0, workers)
+        lines.append(
+            f"| `{label}` | {s['queue_delay_p99_s']:,.1f} | {s['max_queue_delay_s']:,.1f} | "
+            f"{s['max_overtaken']:,.0f} |"
+        )
+    if cfg.get("plots"):
+        lines += ["", "## Plots", ""] + [f"- `{p}`" for p in cfg["plots"]]
     return "\n".join(lines) + "\n"

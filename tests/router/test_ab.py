@@ -20,11 +20,28 @@ def ab_run(tmp_path_factory):
     db = out / "mlflow.db"
     mp = pytest.MonkeyPatch()
     mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
-    code = balanceroute.main([
-        "ab", "--preset", "azure-conv", "--requests", "1500", "--arms", ARMS,
-        "--workers", "2,4", "--slots", "8", "--repeats", "3", "--saturate",
-        "--jobs", "2", "--out", str(out),
-    ])
+    code = balanceroute.main(
+        [
+            "ab",
+            "--preset",
+            "azure-conv",
+            "--requests",
+            "1500",
+            "--arms",
+            ARMS,
+            "--workers",
+            "2,4",
+            "--slots",
+            "8",
+            "--repeats",
+            "3",
+            "--saturate",
+            "--jobs",
+            "2",
+            "--out",
+            str(out),
+        ]
+    )
     yield code, out, db
     mp.undo()
 
@@ -33,9 +50,7 @@ def test_every_arm_is_reported(ab_run):
     code, out, _ = ab_run
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())
-    assert list(summary["arms"]) == [
-        a.label for a in parse_arms(ARMS)
-    ]
+    assert list(summary["arms"]) == [a.label for a in parse_arms(ARMS)]
     for stats in summary["arms"].values():
         assert set(stats["by_workers"]) == {"2", "4"}
         assert stats["steady_mean_imbalance"] > 0
@@ -67,7 +82,7 @@ def test_intervals_contain_the_point_estimate(ab_run):
 
 
 def test_mlflow_parent_and_child_runs(ab_run):
-    _, out, db = ab_run
+    _, _, db = ab_run
     import mlflow
 
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{db}")
@@ -87,8 +102,13 @@ def test_results_do_not_depend_on_jobs():
     from features.synthetic import generate
 
     frame = generate("azure-conv", 800, seed=3)
-    cfg = ABConfig(arms=tuple(parse_arms("count-jsq,br0,brh:survival")), workers=(2,),
-                   slots=6, repeats=2, saturate=True)
+    cfg = ABConfig(
+        arms=tuple(parse_arms("count-jsq,br0,brh:survival")),
+        workers=(2,),
+        slots=6,
+        repeats=2,
+        saturate=True,
+    )
     one = aggregate(run_ab(frame, cfg, jobs=1), cfg)
     two = aggregate(run_ab(frame, cfg, jobs=2), cfg)
     for arm in one["arms"]:
@@ -101,11 +121,13 @@ def test_dask_backend_gives_the_same_results():
     from features.synthetic import generate
 
     frame = generate("azure-conv", 600, seed=4)
-    cfg = ABConfig(arms=tuple(parse_arms("count-jsq,br0")), workers=(2,), slots=6,
-                   repeats=2, saturate=True)
+    cfg = ABConfig(
+        arms=tuple(parse_arms("count-jsq,br0")), workers=(2,), slots=6, repeats=2, saturate=True
+    )
     local = aggregate(run_ab(frame, cfg, jobs=1), cfg)
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                      dashboard_address=None) as cluster:
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+    ) as cluster:
         remote = aggregate(run_ab(frame, cfg, dask_scheduler=cluster.scheduler_address), cfg)
     for arm in local["arms"]:
         assert _untimed(local["arms"][arm]["repeats"]) == _untimed(remote["arms"][arm]["repeats"])
@@ -132,8 +154,19 @@ def test_bad_arm_strings_are_clear_errors(text, needle):
 
 
 def test_bad_arm_on_the_command_line_exits_2(capsys, tmp_path):
-    code = balanceroute.main(["ab", "--preset", "azure-conv", "--requests", "200",
-                              "--arms", "count-jsq,nope", "--out", str(tmp_path)])
+    code = balanceroute.main(
+        [
+            "ab",
+            "--preset",
+            "azure-conv",
+            "--requests",
+            "200",
+            "--arms",
+            "count-jsq,nope",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2
     assert "known routers" in err and "count-jsq" in err and "known estimators" in err
@@ -143,7 +176,9 @@ def test_bad_arm_on_the_command_line_exits_2(capsys, tmp_path):
 def test_arm_strings_parse_uris_and_options():
     arm = parse_arm("brh:gbdt@models:/completion-predictor@champion")
     assert (arm.router, arm.estimator, arm.model_uri) == (
-        "brh", "gbdt", "models:/completion-predictor@champion"
+        "brh",
+        "gbdt",
+        "models:/completion-predictor@champion",
     )
     arm = parse_arm("brh:oracle{gamma=0.98;beta=43;refill=true}")
     assert arm.options == {"gamma": 0.98, "beta": 43, "refill": True}

@@ -35,7 +35,7 @@ from router.policy import Policy, RunContext, register
 from router.scoring import discount_weights
 from router.state import Admissions, RouterState
 
-PROJECTIONS = ("cutoff", "expected")
+PROJECTIONS = ("cutoff", "expected", "confident")
 GAMMA_MIN, GAMMA_MAX = 0.5, 0.995
 PENALTIES = ("sum", "max")
 
@@ -59,7 +59,15 @@ class BalanceRouteConfig:
         default=0, metadata={"help": "stage 1 runs while free slots exceed this (None = G)"}
     )
     window: int = field(default=32, metadata={"help": "stage-1 candidate window"})
-    projection: str = field(default="cutoff", metadata={"help": "cutoff | expected"})
+    projection: str = field(
+        default="cutoff",
+        metadata={
+            "help": "cutoff | expected | confident (cutoff only where p_finish >= confidence)"
+        },
+    )
+    confidence: float = field(
+        default=0.8, metadata={"help": "p_finish a confident projection needs"}
+    )
     refill: bool = field(default=True, metadata={"help": "project freed slots refilled"})
     penalty: str = field(default="sum", metadata={"help": "sum | max over the horizon"})
     refresh: int = field(default=1, metadata={"help": "iterations between predictions"})
@@ -87,6 +95,7 @@ class BalanceRouteConfig:
             (self.window >= 1, f"window must be >= 1, got {self.window}"),
             (self.projection in PROJECTIONS, f"projection must be one of {PROJECTIONS}"),
             (self.penalty in PENALTIES, f"penalty must be one of {PENALTIES}"),
+            (0 < self.confidence <= 1, f"confidence must be in (0, 1], got {self.confidence}"),
             (self.refresh >= 1, f"refresh must be >= 1, got {self.refresh}"),
             (self.max_overtake is None or self.max_overtake >= 1, "max_overtake must be >= 1"),
             (self.kv_capacity is None or self.kv_capacity > 0, "kv_capacity must be > 0"),
@@ -115,6 +124,16 @@ PAPER_BRH = BalanceRouteConfig(
     auto_gamma=None,
     max_overtake=None,
 )
+
+
+def confident_cutoff(
+    p_finish: np.ndarray, c: np.ndarray, horizon: int, confidence: float
+) -> np.ndarray:
+    """Cutoffs only for confident departures: ``E[r | r <= H]`` where ``p_finish`` reaches
+    ``confidence``, else "survives the window" (``H``). Uncertain departures are left out."""
+    p = np.asarray(p_finish, dtype=np.float64)
+    within = (np.asarray(c, dtype=np.float64) - (1.0 - p) * horizon) / np.maximum(p, 1e-9)
+    return np.where(p >= confidence, np.clip(within, 1.0, horizon), float(horizon))
 
 
 class OutputMean:
@@ -260,9 +279,10 @@ class BalanceRoutePolicy(Policy):
             paths = request_paths(run.workload, surv, refill)
             proj.rebuild_paths(state.iteration, run.position, run.worker, paths)
         else:
-            proj.rebuild_cutoff(
-                state.iteration, run.position, run.worker, run.workload, pred.c, refill
-            )
+            c = pred.c
+            if cfg.projection == "confident":
+                c = confident_cutoff(pred.p_finish, pred.c, cfg.horizon, cfg.confidence)
+            proj.rebuild_cutoff(state.iteration, run.position, run.worker, run.workload, c, refill)
         self.refreshes += 1
 
     # ---- the decision ----------------------------------------------------------------------

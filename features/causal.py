@@ -34,10 +34,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.signal import lfilter
+from numba import njit
 
+from features.causal_kernels import key_table_columns, keyed_columns, marginal_columns
 from features.schema import TraceArrays
-from predict.empirical import KeyedCounts, KeyedQuery, MarginalCounts, asof_key_terms
+from predict.empirical import (
+    OUT_MASK,
+    KeyedCounts,
+    MarginalCounts,
+    asof_key_terms,
+    key_base,
+)
 from predict.keys import derive_keys
 
 GLOBAL_FEATURES: tuple[str, ...] = (
@@ -121,7 +128,20 @@ def _ewma_run(x: np.ndarray, alpha: float, state: float) -> np.ndarray:
     x = x.astype(np.float64)
     if np.isnan(state):
         state = float(x[0])
-    out, _ = lfilter([alpha], [1.0, -(1.0 - alpha)], x, zi=[(1.0 - alpha) * state])
+    return _ewma_kernel(x, alpha, state)
+
+
+@njit(cache=True, nogil=True)
+def _ewma_kernel(x: np.ndarray, alpha: float, state: float) -> np.ndarray:
+    """``y_n = alpha * x_n + (1 - alpha) * y_{n-1}``, ``y_{-1} = state`` (scipy's lfilter order
+    of operations, without importing scipy.signal into the server)."""
+    out = np.empty_like(x)
+    keep = 1.0 - alpha
+    z = keep * state
+    for i in range(x.shape[0]):
+        y = alpha * x[i] + z
+        out[i] = y
+        z = keep * y
     return out
 
 
@@ -342,15 +362,16 @@ class KeyWindowTable:
             return
         uniq, first_rev = np.unique(keys[::-1], return_index=True)
         last_idx = keys.size - 1 - first_rev
-        merged = np.union1d(self.keys, uniq)
-        if merged.size != self.keys.size:
-            pos_old = np.searchsorted(merged, self.keys)
+        at = np.searchsorted(self.keys, uniq)
+        known = np.zeros(uniq.size, dtype=np.bool_)
+        inside = at < self.keys.size
+        known[inside] = self.keys[at[inside]] == uniq[inside]
+        if not known.all():  # new keys: insert them (zero sums) in sorted place, O(table)
+            where = at[~known]
+            self.keys = np.insert(self.keys, where, uniq[~known])
             for name in ("count", "s1", "s2", "last", "last_time"):
                 old = getattr(self, name)
-                arr = np.zeros(merged.size, dtype=old.dtype)
-                arr[pos_old] = old
-                setattr(self, name, arr)
-            self.keys = merged
+                setattr(self, name, np.insert(old, where, old.dtype.type(0)))
         pos = np.searchsorted(self.keys, keys)
         np.add.at(self.count, pos, 1)
         np.add.at(self.s1, pos, out)
@@ -475,11 +496,21 @@ class OnlineHistory:
         age: np.ndarray,
         prompt_key: np.ndarray | None,
     ) -> np.ndarray:
-        """Feature matrix ``(n, F)`` at ``time_s`` from the observed completions."""
+        """Feature matrix ``(n, F)`` at ``time_s`` from the observed completions.
+
+        Column-major, so the compiled forest scores it without a copy; the per-key and
+        conditional columns are written by the kernels of :mod:`features.causal_kernels`.
+        """
         n = age.shape[0]
         cfg = self.cfg
-        # columns (arrays or scalars) go straight into one preallocated row-major matrix
-        cols: list[np.ndarray | float] = [prompt_tokens, age, *self.ewma]
+        a = np.ascontiguousarray(age, dtype=np.int64)
+        x = np.empty((n, len(cfg.feature_names)), order="F")
+        x[:, 0] = prompt_tokens
+        x[:, 1] = a
+        col = 2
+        for e in self.ewma:
+            x[:, col] = e
+            col += 1
         rec = self._recent_slots(min(self.size, cfg.recent))
         o, i = self.out[rec], self.inp[rec]
         glob = _global_stats(
@@ -488,37 +519,68 @@ class OnlineHistory:
             np.array([(o * o).sum()]),
             np.array([i.sum()]),
         )
-        cols += [float(g[0]) for g in glob]
         if time_s is None:
-            cols.append(np.nan)
+            rate = np.nan
         else:
             valid = self.time[self._recent_slots(self.size)]
-            cols.append(float(_rate(np.count_nonzero(valid >= time_s - cfg.rate_window_s), cfg)))
-        queries = {src: derive_keys(src, prompt_tokens, prompt_key) for src in cfg.key_sources}
-        orders = {src: np.argsort(q) for src, q in queries.items()}
-        since = {}
-        for (src, win), table in self.tables.items():
-            *sums, last_time = table.lookup(queries[src], orders[src])
-            cols += _key_stats(*sums, age)
-            if win == cfg.window:
-                now = np.nan if time_s is None else float(time_s)
-                since[src] = now - last_time
-        cols += [since[src] for src in cfg.key_sources]
-        a = np.asarray(age, dtype=np.int64)
-        h = cfg.horizon
-        prepared = {src: KeyedQuery.of(queries[src], a) for src in cfg.key_sources}
+            rate = float(_rate(np.count_nonzero(valid >= time_s - cfg.rate_window_s), cfg))
+        for value in (*(float(g[0]) for g in glob), rate):
+            x[:, col] = value
+            col += 1
+        queries = {
+            src: np.ascontiguousarray(derive_keys(src, prompt_tokens, prompt_key))
+            for src in cfg.key_sources
+        }
+        bases = {src: key_base(q) for src, q in queries.items()}
+        by_key = {src: np.argsort(q, kind="stable") for src, q in queries.items()}
+        by_key_age = {src: np.argsort(b | a.astype(np.uint64)) for src, b in bases.items()}
+        now = np.nan if time_s is None else float(time_s)
+        since_col = {
+            src: col + 6 * len(cfg.key_tables) + j for j, src in enumerate(cfg.key_sources)
+        }
+        for (src, win), t in self.tables.items():
+            key_table_columns(
+                t.keys,
+                t.count,
+                t.s1,
+                t.s2,
+                t.last,
+                t.last_time,
+                queries[src],
+                by_key[src],
+                a,
+                x,
+                col,
+                now,
+                since_col[src] if win == cfg.window else -1,
+            )
+            col += 6
+        col += len(cfg.key_sources)
+        h = int(cfg.horizon)
         for win in cfg.cond_tables:
             mc = self.marginal[win]
-            cm = mc.csurv(a + h) - mc.csurv(a)
-            marginal = (np.full(n, float(mc.n)), mc.surv(a), mc.surv(a + h), cm)
-            keyed = [
-                self.keyed[(src, win)].query_prepared(prepared[src], h, counts=False)
-                for src in cfg.key_sources
-            ]
-            cols += _cond_columns(marginal, keyed, cfg)
-        x = np.empty((n, len(cols)))
-        for j, col in enumerate(cols):
-            x[:, j] = col
+            surv, csurv = mc.curves()
+            marginal_columns(surv, csurv, a, h, x, col)
+            col += len(COND_STATS)
+            for src in cfg.key_sources:
+                comp, csum = self.keyed[(src, win)].tables()
+                keyed_columns(
+                    comp,
+                    csum,
+                    bases[src],
+                    queries[src],
+                    by_key_age[src],
+                    a,
+                    h,
+                    OUT_MASK,
+                    surv,
+                    csurv,
+                    float(mc.n),
+                    float(cfg.em_prior),
+                    x,
+                    col,
+                )
+                col += len(COND_STATS) + len(EM_STATS)
         return x
 
 

@@ -74,6 +74,9 @@ class CompletionEstimator:
 
     name: ClassVar[str] = ""
     provides_survival: ClassVar[bool] = False
+    # How BR-H projects this estimator's running requests under ``projection="auto"``: from
+    # survival curves (``expected``) when they carry a spread, from point cutoffs otherwise.
+    projection: ClassVar[str] = "cutoff"
     deployable: ClassVar[bool] = True
     learns_online: ClassVar[bool] = True  # False: observe() is a no-op, callers may skip it
 

@@ -74,6 +74,9 @@ class OnlineRecalibrator:
     and a full window of them mostly decides it. Memory is O(window + prior sample).
     """
 
+    refit_every = 32  # class defaults keep recalibrators pickled before these existed working
+    pending = 0
+
     def __init__(
         self,
         params: tuple[float, float],
@@ -83,8 +86,11 @@ class OnlineRecalibrator:
         *,
         window: int = 3000,
         prior_weight: float = 0.5,
+        refit_every: int = 32,
     ) -> None:
         self.window = int(window)
+        self.refit_every = max(int(refit_every), 1)
+        self.pending = 0  # pairs added since the last refit
         self.static = (float(params[0]), float(params[1]))
         self.params = self.static
         self.prior_z = np.asarray(prior_z, dtype=np.float64)
@@ -99,7 +105,9 @@ class OnlineRecalibrator:
         return min(self.count, self.window)
 
     def add(self, z: np.ndarray, y: np.ndarray) -> None:
-        """Record new (logit score, outcome) pairs and refit the two parameters."""
+        """Record new (logit score, outcome) pairs; refit the two parameters once at least
+        ``refit_every`` pairs have come in since the last fit (a refit costs a few Newton steps
+        over the whole window, far more than recording a pair)."""
         m = int(z.shape[0])
         if m == 0 or self.window == 0:
             return
@@ -108,6 +116,10 @@ class OnlineRecalibrator:
         slots = (self.count + m - k + np.arange(k)) % self.window
         self.z[slots], self.y[slots] = z[keep], y[keep]
         self.count += m
+        self.pending += m
+        if self.pending < self.refit_every:
+            return
+        self.pending = 0
         n = len(self)
         zz = np.concatenate([self.prior_z, self.z[:n]])
         yy = np.concatenate([self.prior_y, self.y[:n]])

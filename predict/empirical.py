@@ -102,6 +102,12 @@ class MarginalCounts:
         self.csurv_ = np.concatenate([[0.0], np.cumsum(self.surv_)])
         self._dirty = False
 
+    def curves(self) -> tuple[np.ndarray, np.ndarray]:
+        """The current ``(S, CS)`` tables (for compiled readers)."""
+        if self._dirty:
+            self._refresh()
+        return self.surv_, self.csurv_
+
     def surv(self, x: np.ndarray) -> np.ndarray:
         """Survival counts S(x) for integer x >= 0."""
         if self._dirty:
@@ -173,6 +179,12 @@ class KeyedCounts:
         vals = (self.comp & OUT_MASK).astype(np.float64)
         self.csum_ = np.concatenate([[0.0], np.cumsum(vals)])
         self._dirty = False
+
+    def tables(self) -> tuple[np.ndarray, np.ndarray]:
+        """The sorted composite codes and the cumulative output sums (for compiled readers)."""
+        if self._dirty:
+            self._refresh()
+        return self.comp, self.csum_
 
     def query(self, keys: np.ndarray, ages: np.ndarray, horizon: int) -> tuple[np.ndarray, ...]:
         """Per row: key count n, S(a), S(a+H), and sum over outputs o > a of min(o - a, H)."""

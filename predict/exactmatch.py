@@ -38,6 +38,7 @@ class ExactMatchEstimator(SurvivalEstimator):
 
     name = "exactmatch"
     provides_survival = True
+    projection = "expected"
 
     def __init__(
         self,

@@ -48,6 +48,7 @@ class SurvivalEstimator(CompletionEstimator):
 
     name = "survival"
     provides_survival = True
+    projection = "expected"
 
     def __init__(
         self,

@@ -35,7 +35,7 @@ from router.policy import Policy, RunContext, register
 from router.scoring import discount_weights
 from router.state import Admissions, RouterState
 
-PROJECTIONS = ("cutoff", "expected", "confident")
+PROJECTIONS = ("auto", "cutoff", "expected", "confident")
 GAMMA_MIN, GAMMA_MAX = 0.5, 0.995
 PENALTIES = ("sum", "max")
 
@@ -60,9 +60,10 @@ class BalanceRouteConfig:
     )
     window: int = field(default=32, metadata={"help": "stage-1 candidate window"})
     projection: str = field(
-        default="cutoff",
+        default="auto",
         metadata={
-            "help": "cutoff | expected | confident (cutoff only where p_finish >= confidence)"
+            "help": "auto (the estimator's own: expected for learned ones) | cutoff | expected "
+            "| confident (cutoff only where p_finish >= confidence)"
         },
     )
     confidence: float = field(
@@ -109,7 +110,14 @@ class BalanceRouteConfig:
 
 
 BR0_DEFAULTS = BalanceRouteConfig(
-    horizon=0, beta=None, gamma=0.64, auto_gamma=None, s_greedy=None, refill=False, refresh=1
+    horizon=0,
+    beta=None,
+    gamma=0.64,
+    auto_gamma=None,
+    s_greedy=None,
+    refill=False,
+    refresh=1,
+    projection="cutoff",
 )
 BRH_DEFAULTS = BalanceRouteConfig()
 # The paper's BR-H as published: (beta, gamma) = (14.67, 0.64), H = 80, predictions refreshed
@@ -123,7 +131,18 @@ PAPER_BRH = BalanceRouteConfig(
     refill=False,
     auto_gamma=None,
     max_overtake=None,
+    projection="cutoff",
 )
+
+
+def resolve_projection(projection: str, estimator: CompletionEstimator | None) -> str:
+    """The projection ``auto`` stands for with this estimator: its own preference (survival
+    curves for the learned estimators, cutoffs for point predictions), cutoff without curves."""
+    if projection != "auto":
+        return projection
+    if estimator is None or not estimator.provides_survival:
+        return "cutoff"
+    return estimator.projection
 
 
 def confident_cutoff(
@@ -195,6 +214,7 @@ class BalanceRoutePolicy(Policy):
                 f"ahead but the router looks {cfg.horizon} ahead"
             )
         self.projection = LoadProjection(g, cfg.horizon, cfg.refresh, ctx.requests.size)
+        self.projection_mode = resolve_projection(cfg.projection, self.estimator)
         warm_up()
         self.counters = np.zeros(4, dtype=np.int64)
         self.refreshes = 0
@@ -238,6 +258,7 @@ class BalanceRoutePolicy(Policy):
         out = {"name": self.name, **self.config.as_dict()}
         if self.estimator is not None and self.config.horizon > 0:
             out["estimator"] = self.estimator.name
+            out["projection_used"] = resolve_projection(self.config.projection, self.estimator)
         return out
 
     # ---- projection ------------------------------------------------------------------------
@@ -271,7 +292,7 @@ class BalanceRoutePolicy(Policy):
             request_index=table.trace_index[run.position],
             time_s=state.time_s,
         )
-        expected = cfg.projection == "expected"
+        expected = self.projection_mode == "expected"
         pred = self.estimator.predict(batch, survival=expected)
         if expected and pred.survival is not None:
             surv = extend_survival(pred.survival[:, : cfg.horizon + 1], proj.length)
@@ -280,7 +301,7 @@ class BalanceRoutePolicy(Policy):
             proj.rebuild_paths(state.iteration, run.position, run.worker, paths)
         else:
             c = pred.c
-            if cfg.projection == "confident":
+            if self.projection_mode == "confident":
                 c = confident_cutoff(pred.p_finish, pred.c, cfg.horizon, cfg.confidence)
             proj.rebuild_cutoff(state.iteration, run.position, run.worker, run.workload, c, refill)
         self.refreshes += 1

@@ -74,7 +74,7 @@ def add_router_option_args(p: argparse.ArgumentParser) -> None:
             dest=f"br_{f.name}",
             type=_optional(kind),
             default=None,
-            help=f"{help_} ('none' to disable)",
+            help=f"{help_} ('none' to disable)" if "None" in str(f.type) else help_,
         )
 
 

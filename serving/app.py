@@ -64,6 +64,7 @@ def create_app(settings: ServeSettings, *, store: ModelStore | None = None) -> F
             settings.uris(),
             replay_buffer=settings.replay_buffer,
             on_swap=metrics.swapped,
+            on_outcome=metrics.reloaded,
             after_load=lambda: pin_lightgbm_threads(settings.lightgbm_threads),
         )
 
@@ -78,8 +79,7 @@ def create_app(settings: ServeSettings, *, store: ModelStore | None = None) -> F
                 log.exception("router warm-up failed")
 
         async def first_load() -> None:
-            outcomes, _ = await asyncio.gather(store.reload(force=True), warm())
-            metrics.reloaded(outcomes)
+            await asyncio.gather(store.reload(force=True), warm())
 
         task = asyncio.create_task(first_load())
         yield

@@ -90,11 +90,10 @@ class ServiceMetrics:
             self.model_info.remove(*_info_labels(old))
         self.model_info.labels(*_info_labels(new)).set(1)
 
-    def reloaded(self, outcomes: list[ReloadOutcome]) -> None:
-        """Count what a reload did to each arm."""
-        for o in outcomes:
-            outcome = "error" if o.error else ("changed" if o.changed else "unchanged")
-            self.reloads.labels(o.arm, outcome).inc()
+    def reloaded(self, o: ReloadOutcome) -> None:
+        """Count what a (re)load did to one arm."""
+        outcome = "error" if o.error else ("changed" if o.changed else "unchanged")
+        self.reloads.labels(o.arm, outcome).inc()
 
 
 def _info_labels(m: LoadedModel) -> tuple[str, ...]:

@@ -142,6 +142,7 @@ class ModelStore:
         *,
         replay_buffer: int = 65_536,
         on_swap: SwapHook | None = None,
+        on_outcome: Callable[[ReloadOutcome], None] | None = None,
         after_load: Callable[[], None] | None = None,
     ) -> None:
         self.uris = dict(uris)
@@ -149,6 +150,7 @@ class ModelStore:
         self.errors: dict[str, str] = {}
         self.log = CompletionLog(replay_buffer)
         self.on_swap = on_swap
+        self.on_outcome = on_outcome
         self.after_load = after_load
         self._reload_lock = asyncio.Lock()
 
@@ -210,6 +212,12 @@ class ModelStore:
             return list(await asyncio.gather(*(self._reload_one(a, force) for a in arms)))
 
     async def _reload_one(self, arm: str, force: bool) -> ReloadOutcome:
+        outcome = await self._load_arm(arm, force)
+        if self.on_outcome is not None:  # in step with the state /readyz reads
+            self.on_outcome(outcome)
+        return outcome
+
+    async def _load_arm(self, arm: str, force: bool) -> ReloadOutcome:
         current = self.arms.get(arm)
         before = current.version if current else None
         try:

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request
 
 from serving.body import openapi_body
 from serving.decode import parse_json, validate
-from serving.deps import Authorized, MetricsDep, StoreDep
+from serving.deps import Authorized, StoreDep
 from serving.schemas import ReloadRequest, ReloadResponse
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"], dependencies=[Authorized])
@@ -17,10 +17,8 @@ router = APIRouter(prefix="/v1/admin", tags=["admin"], dependencies=[Authorized]
     response_model=ReloadResponse,
     openapi_extra=openapi_body(ReloadRequest, required=False),
 )
-async def reload(request: Request, store: StoreDep, metrics: MetricsDep) -> ReloadResponse:
+async def reload(request: Request, store: StoreDep) -> ReloadResponse:
     """Aliases are looked up again; a new version is loaded fully, then swapped in atomically."""
     raw = await request.body()
     req = validate(ReloadRequest, parse_json(raw)) if raw.strip() else ReloadRequest()
-    outcomes = await store.reload(req.arm, force=req.force)
-    metrics.reloaded(outcomes)
-    return ReloadResponse(arms=outcomes)
+    return ReloadResponse(arms=await store.reload(req.arm, force=req.force))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import lightgbm as lgb
 import numpy as np
@@ -30,6 +31,8 @@ def _data(n: int = 3000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
         {"objective": "binary", "num_leaves": 8, "max_depth": 3},  # heap layout
         {"objective": "binary", "num_leaves": 31},  # deep trees: generic walk
         {"objective": "regression", "num_leaves": 15, "max_depth": 4},
+        {"objective": "binary", "num_leaves": 64, "max_depth": 6},  # widest bitmask
+        {"objective": "binary", "num_leaves": 100, "max_depth": 7},  # heap, no bitmask
         {"objective": "binary", "num_leaves": 8, "max_depth": 3, "zero_as_missing": True},
         {"objective": "binary", "num_leaves": 8, "use_missing": False},
     ],
@@ -51,7 +54,12 @@ def test_forest_reproduces_lightgbm_raw_scores(params):
     probe[5:10] = 0.0
     want = booster.predict(probe, raw_score=True)
     np.testing.assert_array_equal(forest.raw(probe), want)
-    generic = replace(forest, heap_leaf=None)  # the node-walk kernel on the same trees
+    np.testing.assert_array_equal(forest.raw(np.asfortranarray(probe)), want)
+    if forest.heap_leaf is not None:
+        assert (forest.leaf_mask is not None) == (forest.depth <= 6)
+        heap = replace(forest, leaf_mask=None)  # the heap descent on the same trees
+        np.testing.assert_array_equal(heap.raw(probe), want)
+    generic = replace(forest, heap_leaf=None, leaf_mask=None)  # the node-walk kernel
     np.testing.assert_array_equal(generic.raw(probe), want)
 
 
@@ -101,3 +109,29 @@ def test_observe_scores_before_learning_and_stays_bounded(small_trace):
     est.recalibrate = False
     static = est.predict(batch).p_finish
     assert np.all((online >= 0) & (online <= 1)) and not np.allclose(online, static)
+
+
+def test_saved_model_keeps_lightgbm_text_and_loads_without_lightgbm(small_trace, tmp_path):
+    """The artifact rebuilds LightGBM's boosters, yet predicting from it imports no LightGBM."""
+    import subprocess
+    import sys
+
+    est = GBDTEstimator(horizon=HORIZON, **FAST_PARAMS["gbdt"]).fit(small_trace.iloc[:400])
+    a = to_arrays(small_trace.iloc[400:])
+    x = est.features(RunningBatch(a.prompt_tokens, a.output_tokens // 2, a.prompt_key))
+    clf, reg = est.boosters()
+    np.testing.assert_array_equal(clf.predict(x, raw_score=True), est.forests_[0].raw(x))
+    np.testing.assert_array_equal(reg.predict(x, raw_score=True), est.forests_[1].raw(x))
+    path = est.save(tmp_path / "gbdt.joblib")
+    code = (
+        "import sys, numpy as np\n"
+        "from predict.base import CompletionEstimator, RunningBatch\n"
+        f"est = CompletionEstimator.load({str(path)!r})\n"
+        "p = est.predict(RunningBatch(np.array([100, 900]), np.array([0, 7]), None))\n"
+        "assert p.p_finish.shape == (2,)\n"
+        "print(sorted(m for m in ('lightgbm', 'sklearn', 'scipy.signal') if m in sys.modules))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path(__file__).parents[2]
+    )
+    assert done.stdout.strip() == "[]"

@@ -229,3 +229,40 @@ def test_config_rejects_bad_values_and_unknown_options():
         BalanceRouteConfig(gamma=1.5)
     with pytest.raises(UserError, match="unknown brh option"):
         BRHPolicy(bogus=1)
+
+
+def test_auto_projection_is_each_estimators_own():
+    """auto: survival curves for the learned estimators, cutoffs for point predictions."""
+    from predict.exactmatch import ExactMatchEstimator
+    from predict.gbdt import GBDTEstimator
+    from predict.no_prediction import NoPrediction
+    from predict.noisy_oracle import NoisyOracleEstimator
+    from predict.survival import SurvivalEstimator
+    from router.balance_route import resolve_projection
+
+    for cls in (SurvivalEstimator, ExactMatchEstimator, GBDTEstimator):
+        assert resolve_projection("auto", cls()) == "expected", cls.name
+    for est in (OracleEstimator(), NoisyOracleEstimator(), NoPrediction(), None):
+        assert resolve_projection("auto", est) == "cutoff"
+    assert resolve_projection("cutoff", SurvivalEstimator()) == "cutoff"
+    assert BRHPolicy().config.projection == "auto"
+
+
+def test_auto_projection_replays_like_the_explicit_one():
+    """brh with a learned estimator under auto makes the decisions of projection=expected."""
+    from predict.survival import SurvivalEstimator
+
+    rng = np.random.default_rng(4)
+    prompts, outputs = rng.integers(50, 3000, 400), rng.integers(1, 300, 400)
+    history = frame(rng.integers(50, 3000, 300), rng.integers(1, 300, 300))
+    rq = released(prompts, outputs)
+    runs = {}
+    for proj in ("auto", "expected", "cutoff"):
+        est = SurvivalEstimator(horizon=16).fit(history)
+        pol = BRHPolicy(estimator=est, horizon=16, projection=proj)
+        res = simulate(rq, pol, SimConfig(workers=4, slots=8, record_loads=False))
+        runs[proj] = (res.worker.tolist(), res.admit_iter.tolist())
+        if proj == "auto":
+            assert res.policy["projection_used"] == "expected"
+    assert runs["auto"] == runs["expected"]
+    assert runs["auto"] != runs["cutoff"]  # the two projections do decide differently here

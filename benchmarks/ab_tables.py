@@ -69,6 +69,75 @@ def table(summary: dict, name: str, ref: str) -> str:
     return "\n".join(lines)
 
 
+def headline(summaries: dict[str, dict], workload: str, ref: str) -> str:
+    """One table per workload: steady imbalance ratio in every run, plus throughput and
+    queueing ratios, arms as rows (the README's results)."""
+    runs = {n: s for n, s in summaries.items() if n.startswith(workload + "-")}
+    if not runs:
+        return ""
+
+    def short(n: str) -> str:
+        s = runs[n]["config"]
+        return f"B={s['slots']} " + ("sat" if s["saturate"] else f"{s['load']}x")
+
+    names = sorted(runs, key=lambda n: (runs[n]["config"]["slots"], runs[n]["config"]["load"] or 0))
+    sat = [n for n in names if runs[n]["config"]["saturate"]]
+    load = [n for n in names if not runs[n]["config"]["saturate"]]
+    cols = [("steady_mean_imbalance", n, f"I {short(n)}") for n in names]
+    cols += [("mean_imbalance", n, f"I all {short(n)}") for n in sat[:1]]
+    cols += [("throughput_tok_s", n, f"tput {short(n)}") for n in sat]
+    cols += [("queue_delay_p99_s", n, f"wait p99 {short(n)}") for n in load]
+    cols += [("max_queue_delay_s", n, f"wait max {short(n)}") for n in load[:1]]
+    arms = runs[names[0]]["config"]["arms"]
+    lines = [
+        "| arm | " + " | ".join(c[2] for c in cols) + " |",
+        "|---" * (len(cols) + 1) + "|",
+    ]
+    for arm in arms:
+        cells = []
+        for metric, n, _ in cols:
+            v = median_ratio(runs[n], arm, ref, metric) if arm in runs[n]["arms"] else None
+            cells.append("n/a" if v is None else f"{v:.3f}")
+        lines.append(f"| `{arm}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+HELPS = 0.97  # the oracle "helps" where it cuts brh:none's steady imbalance by 3% or more
+
+
+def gap_closed(summary: dict, arm: str, metric: str = "steady_mean_imbalance") -> float | None:
+    """Share of the oracle's gain over ``brh:none`` that ``arm`` recovers, from the median
+    paired ratios: ``(1 - arm/none) / (1 - oracle/none)``; None where the oracle does not help."""
+    oracle = median_ratio(summary, "brh:oracle", "brh:none", metric)
+    if oracle is None or oracle > HELPS:
+        return None
+    return (1.0 - median_ratio(summary, arm, "brh:none", metric)) / (1.0 - oracle)
+
+
+def value_table(summaries: dict[str, dict]) -> str:
+    """The same router without prediction, with each estimator and with the oracle: steady
+    imbalance ratio to ``brh:none`` and the share of the oracle's gain each recovers."""
+    rows = [
+        "| run | oracle / none | " + " | ".join(f"{e} / none (gap closed)" for e in LEARNED) + " |",
+        "|---" * (len(LEARNED) + 2) + "|",
+    ]
+    for name, s in summaries.items():
+        arms = s["config"]["arms"]
+        if "brh:none" not in arms or "brh:oracle" not in arms:
+            continue
+        cells = [f"{median_ratio(s, 'brh:oracle', 'brh:none', 'steady_mean_imbalance'):.3f}"]
+        for e in LEARNED:
+            arm = f"brh:{e}"
+            if arm not in arms:
+                cells.append("n/a")
+                continue
+            r = median_ratio(s, arm, "brh:none", "steady_mean_imbalance")
+            g = gap_closed(s, arm)
+            cells.append(f"{r:.3f}" + ("" if g is None else f" ({g:.2f})"))
+        rows.append(f"| {label(s, name)} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def learned_arms(summary: dict) -> list[str]:
     return [a for a in summary["config"]["arms"] if a.split("{")[0].split(":")[-1] in LEARNED]
 
@@ -108,18 +177,10 @@ def checks(summaries: dict[str, dict], ref: str) -> dict[str, Any]:
                 row["oracle_vs_none"] = round(
                     median_ratio(s, "brh:oracle", "brh:none", "steady_mean_imbalance"), 4
                 )
-                gaps = {}
-                for a in learned_arms(s):
-                    none = repeats_at(s, "brh:none")
-                    est, orc = repeats_at(s, a), repeats_at(s, "brh:oracle")
-                    key = "steady_mean_imbalance"
-                    closed = [
-                        (n[key] - e[key]) / (n[key] - o[key])
-                        for n, e, o in zip(none, est, orc, strict=True)
-                        if n[key] - o[key] > 0
-                    ]
-                    gaps[a] = round(statistics.median(closed), 3) if closed else None
-                row["gap_closed_median"] = gaps
+                gaps = {a: gap_closed(s, a) for a in learned_arms(s)}
+                row["gap_closed_median"] = {
+                    a: None if g is None else round(g, 3) for a, g in gaps.items()
+                }
         out[name] = row
     return out
 
@@ -129,11 +190,26 @@ def main() -> None:
     ap.add_argument("root", nargs="?", default="runs/ab")
     ap.add_argument("--reference", default="count-jsq")
     ap.add_argument("--json", action="store_true", help="also print the target checks")
+    ap.add_argument("--value", action="store_true", help="print the value-of-prediction table")
+    ap.add_argument(
+        "--headline",
+        nargs="*",
+        metavar="WORKLOAD",
+        help="print one compact table per workload (run folders WORKLOAD-b<B>-<mode>) instead",
+    )
     args = ap.parse_args()
     summaries = {
         p.parent.name: json.loads(p.read_text())
         for p in sorted(Path(args.root).glob("*/summary.json"))
     }
+    if args.value:
+        print(value_table(summaries) + "\n")
+        return
+    if args.headline is not None:
+        for wl in args.headline:
+            print(f"**{wl}** (G = 8, median ratio to `{args.reference}` over 5 repeats)\n")
+            print(headline(summaries, wl, args.reference) + "\n")
+        return
     for name, s in summaries.items():
         print(table(s, name, args.reference) + "\n")
     if args.json:

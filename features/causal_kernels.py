@@ -70,24 +70,34 @@ def key_table_columns(
             x[i, since_col] = now - last_time[p] if hit else nan
 
 
-@njit(cache=True, nogil=True)
-def marginal_columns(surv, csurv, age, horizon, x, col):
-    """The marginal's COND_STATS ``x[:, col:col+3]``: outputs above the age, ``P(r <= H)`` and
-    ``E[min(r, H)]`` (NaN where no output is above the age)."""
+@njit(cache=True, nogil=True, inline="always")
+def _marginal_terms(surv, csurv, a, horizon):
+    """``S(a)``, ``S(a+H)`` and ``CS(a+H) - CS(a)`` of the marginal's survival counts."""
     top_s = surv.shape[0] - 1
     top_c = csurv.shape[0] - 1
+    s_a = surv[min(a, top_s)]
+    s_b = surv[min(a + horizon, top_s)]
+    return s_a, s_b, csurv[min(a + horizon, top_c)] - csurv[min(a, top_c)]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _write_cond(x, i, col, s_a, s_b, capped):
+    """COND_STATS of one row: outputs above the age, ``P(r <= H)``, ``E[min(r, H)]``."""
+    x[i, col] = s_a
+    if s_a > 0:
+        x[i, col + 1] = 1.0 - s_b / s_a
+        x[i, col + 2] = capped / s_a
+    else:
+        x[i, col + 1] = np.nan
+        x[i, col + 2] = np.nan
+
+
+@njit(cache=True, nogil=True)
+def marginal_columns(surv, csurv, age, horizon, x, col):
+    """The marginal's COND_STATS ``x[:, col:col+3]`` (NaN where no output is above the age)."""
     for i in range(age.shape[0]):
-        a = age[i]
-        s_a = surv[min(a, top_s)]
-        s_b = surv[min(a + horizon, top_s)]
-        cm = csurv[min(a + horizon, top_c)] - csurv[min(a, top_c)]
-        x[i, col] = s_a
-        if s_a > 0:
-            x[i, col + 1] = 1.0 - s_b / s_a
-            x[i, col + 2] = cm / s_a
-        else:
-            x[i, col + 1] = np.nan
-            x[i, col + 2] = np.nan
+        s_a, s_b, cm = _marginal_terms(surv, csurv, age[i], horizon)
+        _write_cond(x, i, col, s_a, s_b, cm)
 
 
 @njit(cache=True, nogil=True)
@@ -110,8 +120,6 @@ def keyed_columns(
     """One key source's COND_STATS + EM_STATS ``x[:, col:col+5]`` from its (key, output)
     composite counts: the key's conditional answers, then exactmatch's estimate with the
     marginal's counts as ``em_prior`` pseudo-observations."""
-    top_s = surv.shape[0] - 1
-    top_c = csurv.shape[0] - 1
     bw = em_prior / max(marginal_n, 1.0)
     h = np.uint64(horizon)
     for i in order:  # rows by (key, age): neighbouring searches share their path
@@ -130,16 +138,8 @@ def keyed_columns(
             s_b = float(end - i_b)
             within = csum[i_b] - csum[i_a] - a * (i_b - i_a)
             capped = within + horizon * s_b
-        x[i, col] = s_a
-        if s_a > 0:
-            x[i, col + 1] = 1.0 - s_b / s_a
-            x[i, col + 2] = capped / s_a
-        else:
-            x[i, col + 1] = np.nan
-            x[i, col + 2] = np.nan
-        sm_a = surv[min(a, top_s)]
-        sm_b = surv[min(a + horizon, top_s)]
-        cm = csurv[min(a + horizon, top_c)] - csurv[min(a, top_c)]
+        _write_cond(x, i, col, s_a, s_b, capped)
+        sm_a, sm_b, cm = _marginal_terms(surv, csurv, a, horizon)
         den = s_a + bw * sm_a
         if den > 0:
             x[i, col + 3] = 1.0 - (s_b + bw * sm_b) / den

@@ -132,6 +132,38 @@ def test_saved_model_keeps_lightgbm_text_and_loads_without_lightgbm(small_trace,
         "print(sorted(m for m in ('lightgbm', 'sklearn', 'scipy.signal') if m in sys.modules))\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path(__file__).parents[2]
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).parents[2],
     )
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("curve", ["marginal", "key", "geometric"])
+def test_every_curve_is_a_survival_curve_consistent_with_p_and_c(small_trace, curve):
+    """Whatever the shape, the curves start at 1, never rise, and give back p and c."""
+    from predict.base import from_survival
+
+    est = GBDTEstimator(horizon=HORIZON, curve=curve, **FAST_PARAMS["gbdt"])
+    est.fit(small_trace.iloc[:400])
+    a = to_arrays(small_trace.iloc[400:])
+    ages = np.r_[np.zeros(50, dtype=np.int64), a.output_tokens[50:] // 2]
+    ages[-1] = 10**6  # older than any output seen: no evidence, a uniform hazard
+    batch = RunningBatch(a.prompt_tokens, ages, a.prompt_key)
+    plain, full = est.predict(batch), est.predict(batch, survival=True)
+    s = full.survival
+    assert np.all(s[:, 0] == 1.0) and np.all(np.diff(s, axis=1) <= 1e-12)
+    derived = from_survival(s)
+    np.testing.assert_allclose(derived.p_finish, plain.p_finish, atol=1e-9)
+    np.testing.assert_allclose(derived.c, full.c, atol=1e-9)
+    np.testing.assert_allclose(plain.c, full.c, atol=1e-2)
+    assert np.all((plain.c >= 1) & (plain.c <= HORIZON))
+
+
+def test_unknown_curve_is_a_clear_error():
+    from features.errors import UserError
+
+    with pytest.raises(UserError, match="unknown curve 'wiggly'; known: geometric, marginal, key"):
+        GBDTEstimator(curve="wiggly")

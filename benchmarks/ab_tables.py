@@ -138,6 +138,25 @@ def value_table(summaries: dict[str, dict]) -> str:
     return "\n".join(rows)
 
 
+def scaling_table(summary: dict, ref: str) -> str:
+    """Steady imbalance and throughput ratios to ``ref`` at every G of a multi-G run."""
+    gs = [str(g) for g in summary["config"]["workers"]]
+    head = " | ".join(f"G={g} I / tput" for g in gs)
+    rows = [f"| arm | {head} |", "|---" * (len(gs) + 1) + "|"]
+    for arm in summary["config"]["arms"]:
+        cells = []
+        for g in gs:
+            a = summary["arms"][arm]["by_workers"][g]["repeats"]
+            b = summary["arms"][ref]["by_workers"][g]["repeats"]
+
+            def med(metric: str, a=a, b=b) -> float:
+                return statistics.median(x[metric] / y[metric] for x, y in zip(a, b, strict=True))
+
+            cells.append(f"{med('steady_mean_imbalance'):.3f} / {med('throughput_tok_s'):.3f}")
+        rows.append(f"| `{arm}` | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def learned_arms(summary: dict) -> list[str]:
     return [a for a in summary["config"]["arms"] if a.split("{")[0].split(":")[-1] in LEARNED]
 
@@ -191,6 +210,7 @@ def main() -> None:
     ap.add_argument("--reference", default="count-jsq")
     ap.add_argument("--json", action="store_true", help="also print the target checks")
     ap.add_argument("--value", action="store_true", help="print the value-of-prediction table")
+    ap.add_argument("--scaling", action="store_true", help="print ratios at every G")
     ap.add_argument(
         "--headline",
         nargs="*",
@@ -202,6 +222,12 @@ def main() -> None:
         p.parent.name: json.loads(p.read_text())
         for p in sorted(Path(args.root).glob("*/summary.json"))
     }
+    if args.scaling:
+        for name, s in summaries.items():
+            if len(s["config"]["workers"]) > 1:
+                print(f"**{label(s, name).split(':')[0]}** (B = {s['config']['slots']})\n")
+                print(scaling_table(s, args.reference) + "\n")
+        return
     if args.value:
         print(value_table(summaries) + "\n")
         return

@@ -28,10 +28,26 @@ def setup_mlflow(experiment: str | None = None) -> str:
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     import mlflow
+
+    quiet_mlflow()
 
     uri = tracking_uri()
     mlflow.set_tracking_uri(uri)
     if experiment is not None:
         mlflow.set_experiment(experiment)
     return uri
+
+
+def quiet_mlflow() -> None:
+    """Keep MLflow's own chatter (table migrations, pickling advice) out of the CLI's output:
+    the commands say what they log and register themselves."""
+    import logging
+    import warnings
+
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=".*Passing a Python object as `python_model`.*")
+    warnings.filterwarnings("ignore", message=".*An input example was not provided.*")
+    logging.getLogger("mlflow.pyfunc").setLevel(logging.ERROR)

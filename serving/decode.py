@@ -165,9 +165,11 @@ class KeyHasher:
 
     def __call__(self, keys: list[str]) -> np.ndarray:
         known = self.known
-        missing = [k for k in set(keys) if k not in known]
-        if not missing:
+        try:  # the usual case: every key seen before
             return np.fromiter(map(known.__getitem__, keys), dtype=np.uint64, count=len(keys))
+        except KeyError:
+            pass
+        missing = [k for k in set(keys) if k not in known]
         fresh = dict(zip(missing, hash_keys(missing).tolist(), strict=True))
         out = np.fromiter(
             (known[k] if k in known else fresh[k] for k in keys), dtype=np.uint64, count=len(keys)

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request
 
 from serving.body import json_body, openapi_body
 from serving.decode import decode_observe
-from serving.deps import Authorized, MetricsDep, SettingsDep, StoreDep
+from serving.deps import Authorized, services
 from serving.schemas import ObserveRequest, ObserveResponse
 
 router = APIRouter(prefix="/v1", tags=["observe"], dependencies=[Authorized])
@@ -18,13 +18,12 @@ router = APIRouter(prefix="/v1", tags=["observe"], dependencies=[Authorized])
     openapi_extra=openapi_body(ObserveRequest),
     responses={413: {"description": "more completions than the per-call limit"}},
 )
-async def observe(
-    request: Request, store: StoreDep, settings: SettingsDep, metrics: MetricsDep
-) -> ObserveResponse:
+async def observe(request: Request) -> ObserveResponse:
     """Feed completions (in finish order) to every arm; kept in a bounded log for reloads."""
-    cols = decode_observe(await json_body(request), settings.max_requests)
-    arms = store.observe(cols)
+    svc = services(request)
+    cols = decode_observe(await json_body(request), svc.settings.max_requests)
+    arms = svc.store.observe(cols)
     request.state.arm = "all"
-    metrics.batch_size.labels("/v1/observe").observe(cols.size)
-    metrics.observed.inc(cols.size)
+    svc.metrics.batch_size.labels("/v1/observe").observe(cols.size)
+    svc.metrics.observed.inc(cols.size)
     return ObserveResponse(observed=cols.size, arms=arms)

@@ -7,7 +7,7 @@ from fastapi import APIRouter, Request, Response
 from serving import inference
 from serving.body import json_body, openapi_body
 from serving.decode import decode_predict
-from serving.deps import Authorized, MetricsDep, SettingsDep, StoreDep, field_error, select_model
+from serving.deps import Authorized, field_error, select_model, services
 from serving.schemas import PredictRequest, PredictResponse
 
 router = APIRouter(prefix="/v1", tags=["predict"], dependencies=[Authorized])
@@ -22,14 +22,13 @@ router = APIRouter(prefix="/v1", tags=["predict"], dependencies=[Authorized])
         503: {"description": "the selected model is not loaded yet"},
     },
 )
-async def predict(
-    request: Request, store: StoreDep, settings: SettingsDep, metrics: MetricsDep
-) -> Response:
+async def predict(request: Request) -> Response:
     """``p_finish = P(r <= H)``, ``c = E[min(r, H)]`` and optionally ``P(r > h)``, h = 0..H."""
-    inp = decode_predict(await json_body(request), settings.max_requests)
-    model = select_model(store, inp.model)
+    svc = services(request)
+    inp = decode_predict(await json_body(request), svc.settings.max_requests)
+    model = select_model(svc.store, inp.model)
     request.state.arm = model.arm
-    metrics.batch_size.labels("/v1/predict").observe(inp.running.size)
+    svc.metrics.batch_size.labels("/v1/predict").observe(inp.running.size)
     try:
         pred, horizon = inference.predict(model, inp)
     except inference.HorizonUnavailable as exc:

@@ -13,7 +13,7 @@ from fastapi import APIRouter, HTTPException, Request
 from predict.base import CompletionEstimator
 from serving.body import json_body, openapi_body
 from serving.decode import check_count, validate
-from serving.deps import Authorized, MetricsDep, SettingsDep, StoreDep, field_error
+from serving.deps import Authorized, field_error, services
 from serving.models import LoadedModel, ModelStore, NotReady, UnknownModel
 from serving.schemas import RouteResponse
 
@@ -80,9 +80,7 @@ def _decide(
     openapi_extra=openapi_body("RouteRequest"),
     responses={413: {"description": "more pool or running requests than the per-call limit"}},
 )
-async def route(
-    request: Request, store: StoreDep, settings: SettingsDep, metrics: MetricsDep
-) -> RouteResponse:
+async def route(request: Request) -> RouteResponse:
     """Admissions ``[{id, worker}]`` in order; ``brh`` (and ``brh-paper``) project loads with the
     selected model.
 
@@ -92,6 +90,7 @@ async def route(
     from serving.route_schemas import RouteRequest
     from serving.snapshot import DecisionError, InvalidOptions, lookahead
 
+    store, settings, metrics = services(request).parts()
     data = await json_body(request)
     _check_sizes(data, settings.max_requests)
     req = validate(RouteRequest, data)

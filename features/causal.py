@@ -522,8 +522,9 @@ class OnlineHistory:
         if time_s is None:
             rate = np.nan
         else:
-            valid = self.time[self._recent_slots(self.size)]
-            rate = float(_rate(np.count_nonzero(valid >= time_s - cfg.rate_window_s), cfg))
+            # the stored completions are ring slots [0, size): counting needs no order
+            recent = np.count_nonzero(self.time[: self.size] >= time_s - cfg.rate_window_s)
+            rate = float(_rate(recent, cfg))
         for value in (*(float(g[0]) for g in glob), rate):
             x[:, col] = value
             col += 1

@@ -374,6 +374,30 @@ class Forest:
 
 
 @njit(cache=True, nogil=True)
+def _shaped_curves(surv, ages, horizon, key_surv, bw, s_a, mass, ok, p):
+    """``1 - p * F(h)`` with ``F(h) = (S(a) - S(a+h)) / mass`` from the marginal's counts (plus
+    the key's, ``key_surv + bw * S_m``, when given), ``h / H`` where there is no mass."""
+    n = ages.shape[0]
+    top = surv.shape[0] - 1
+    keyed = key_surv.shape[0] > 0
+    out = np.empty((n, horizon + 1))
+    for i in range(n):
+        out[i, 0] = 1.0
+        a = ages[i]
+        for h in range(1, horizon + 1):
+            if ok[i]:
+                s = surv[min(a + h, top)]
+                if keyed:
+                    s = key_surv[i, h] + bw * s
+                f = (s_a[i] - s) / mass[i]
+            else:
+                f = h / horizon
+            f = 0.0 if f < 0.0 else (1.0 if f > 1.0 else f)
+            out[i, h] = 1.0 - p[i] * f
+    return out
+
+
+@njit(cache=True, nogil=True)
 def _mask_raw(xt, feature, threshold, nan_right, leaf, masks, full, debruijn):
     """Sum of leaf values per column of ``xt`` ``(features, n)`` over complete-heap trees,
     by leaf bitmasks (see :class:`Forest`); branch-free over rows, so the compiler vectorises."""
@@ -795,12 +819,16 @@ class GBDTEstimator(CompletionEstimator):
         c = np.clip(h - p * f_sum, min(1.0, h), h)
         if not survival:
             return Prediction(p_finish=p, c=c)
-        js = np.arange(h + 1)
-        xs = age[:, None] + js[None, :]
-        s_path = mc.surv(xs)
-        if keys is not None:
-            s_path = kc.surv_matrix(keys, age, h) + bw * s_path
-        f = np.where(ok[:, None], (s_a[:, None] - s_path) / safe[:, None], js[None, :] / h)
-        curves = 1.0 - p[:, None] * np.clip(f, 0.0, 1.0)
-        curves[:, 0] = 1.0
+        surv_table, _ = mc.curves()
+        curves = _shaped_curves(
+            surv_table,
+            age,
+            h,
+            np.zeros((0, 0)) if keys is None else kc.surv_matrix(keys, age, h),
+            float(bw) if keys is not None else 0.0,
+            np.ascontiguousarray(s_a, dtype=np.float64),
+            np.ascontiguousarray(safe, dtype=np.float64),
+            np.ascontiguousarray(ok),
+            np.ascontiguousarray(p, dtype=np.float64),
+        )
         return Prediction(p_finish=1.0 - curves[:, h], c=curves[:, :h].sum(axis=1), survival=curves)

@@ -14,6 +14,7 @@ running requests, then adjusted as requests finish (their path is removed) or ar
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 
 def cutoff_survival(c: np.ndarray, horizon: int, length: int) -> np.ndarray:
@@ -44,13 +45,28 @@ def request_paths(
     With ``refill_prompt``, the slot a request frees at offset ``d`` is refilled at once by a
     request of that prompt size, adding ``(1 - S(h)) * s + sum_{u<h} (1 - S(u))``.
     """
-    hs = np.arange(survival.shape[1], dtype=np.float64)
-    paths = survival * (workload[:, None].astype(np.float64) + hs[None, :])
-    if refill_prompt is not None:
-        gone = 1.0 - survival
-        grown = np.cumsum(gone, axis=1) - gone
-        paths += refill_prompt * gone + grown
-    return paths
+    s = np.ascontiguousarray(survival, dtype=np.float64)
+    w = np.ascontiguousarray(workload, dtype=np.float64)
+    return _paths(w, s, -1.0 if refill_prompt is None else float(refill_prompt))
+
+
+@njit(cache=True, nogil=True)
+def _paths(workload, survival, refill):
+    """:func:`request_paths` in one pass (refill < 0: none), without (n, T) temporaries."""
+    n, t_len = survival.shape
+    out = np.empty((n, t_len))
+    for i in range(n):
+        w = workload[i]
+        acc = 0.0  # sum of (1 - S(u)) for u <= t, accumulated in order like np.cumsum
+        for t in range(t_len):
+            s = survival[i, t]
+            p = s * (w + t)
+            if refill >= 0.0:
+                gone = 1.0 - s
+                acc += gone
+                p += refill * gone + (acc - gone)
+            out[i, t] = p
+    return out
 
 
 class LoadProjection:

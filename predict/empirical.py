@@ -243,27 +243,31 @@ def _surv_matrix(comp, base, keys, ages, horizon):
     return out
 
 
+@njit(cache=True, nogil=True, inline="always")
+def mixed_count(surv, key_surv, i, x, h, bw, aw):
+    """``bw * S_m(x) + aw * S_k[i, h]`` (the key's term only when ``key_surv`` has rows)."""
+    num = bw * surv[min(x, surv.shape[0] - 1)]
+    if key_surv.shape[0] > 0:
+        num = num + aw * key_surv[i, h]
+    return num
+
+
+@njit(cache=True, nogil=True, inline="always")
+def clip01(v):
+    return 0.0 if v < 0.0 else (1.0 if v > 1.0 else v)
+
+
 @njit(cache=True, nogil=True)
 def _conditional_curves(surv, ages, horizon, bw, aw, key_surv, alive, safe):
     """``P(r > h)``, h = 0..H: ``(bw * S_m(a+h) + aw * S_k(a+h)) / safe`` clipped to [0, 1],
     1 where nothing is known (``alive`` false) and at h = 0; no (n, H+1) temporaries."""
     n = ages.shape[0]
-    top = surv.shape[0] - 1
-    keyed = key_surv.shape[0] > 0
-    out = np.empty((n, horizon + 1))
+    out = np.ones((n, horizon + 1))
     for i in range(n):
-        out[i, 0] = 1.0
-        if not alive[i]:
+        if alive[i]:
             for h in range(1, horizon + 1):
-                out[i, h] = 1.0
-            continue
-        a = ages[i]
-        for h in range(1, horizon + 1):
-            num = bw[i] * surv[min(a + h, top)]
-            if keyed:
-                num = num + aw[i] * key_surv[i, h]
-            v = num / safe[i]
-            out[i, h] = 0.0 if v < 0.0 else (1.0 if v > 1.0 else v)
+                num = mixed_count(surv, key_surv, i, ages[i] + h, h, bw[i], aw[i])
+                out[i, h] = clip01(num / safe[i])
     return out
 
 

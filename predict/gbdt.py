@@ -62,6 +62,7 @@ from predict.calibration import (
     logit,
     sigmoid,
 )
+from predict.empirical import clip01, mixed_count
 from predict.registry import register
 
 if TYPE_CHECKING:
@@ -378,22 +379,15 @@ def _shaped_curves(surv, ages, horizon, key_surv, bw, s_a, mass, ok, p):
     """``1 - p * F(h)`` with ``F(h) = (S(a) - S(a+h)) / mass`` from the marginal's counts (plus
     the key's, ``key_surv + bw * S_m``, when given), ``h / H`` where there is no mass."""
     n = ages.shape[0]
-    top = surv.shape[0] - 1
-    keyed = key_surv.shape[0] > 0
-    out = np.empty((n, horizon + 1))
+    out = np.ones((n, horizon + 1))
     for i in range(n):
-        out[i, 0] = 1.0
-        a = ages[i]
         for h in range(1, horizon + 1):
             if ok[i]:
-                s = surv[min(a + h, top)]
-                if keyed:
-                    s = key_surv[i, h] + bw * s
+                s = mixed_count(surv, key_surv, i, ages[i] + h, h, bw, 1.0)
                 f = (s_a[i] - s) / mass[i]
             else:
                 f = h / horizon
-            f = 0.0 if f < 0.0 else (1.0 if f > 1.0 else f)
-            out[i, h] = 1.0 - p[i] * f
+            out[i, h] = 1.0 - p[i] * clip01(f)
     return out
 
 
@@ -825,7 +819,7 @@ class GBDTEstimator(CompletionEstimator):
             age,
             h,
             np.zeros((0, 0)) if keys is None else kc.surv_matrix(keys, age, h),
-            float(bw) if keys is not None else 0.0,
+            float(bw) if keys is not None else 1.0,
             np.ascontiguousarray(s_a, dtype=np.float64),
             np.ascontiguousarray(safe, dtype=np.float64),
             np.ascontiguousarray(ok),

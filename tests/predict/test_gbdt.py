@@ -167,3 +167,20 @@ def test_unknown_curve_is_a_clear_error():
 
     with pytest.raises(UserError, match="unknown curve 'wiggly'; known: geometric, marginal, key"):
         GBDTEstimator(curve="wiggly")
+
+
+def test_marginal_curve_spreads_p_like_the_window_outputs(small_trace):
+    """curve=marginal: P(r > h) = 1 - p (S(a) - S(a+h)) / (S(a) - S(a+H)), S the window counts."""
+    est = GBDTEstimator(horizon=HORIZON, curve="marginal", **FAST_PARAMS["gbdt"])
+    est.fit(small_trace.iloc[:400])
+    a = to_arrays(small_trace.iloc[400:])
+    ages = a.output_tokens // 3
+    pred = est.predict(RunningBatch(a.prompt_tokens, ages, a.prompt_key), survival=True)
+    counts = est.history_.marginal[est.history_.cfg.window]
+    hs = np.arange(HORIZON + 1)
+    s = counts.surv(ages[:, None] + hs[None, :])
+    mass = s[:, 0] - s[:, -1]
+    ok = mass > 0
+    assert ok.mean() > 0.5
+    want = 1.0 - pred.p_finish[ok, None] * (s[ok, :1] - s[ok]) / mass[ok, None]
+    np.testing.assert_allclose(pred.survival[ok], want, atol=1e-12)

@@ -395,26 +395,6 @@ class KeyWindowTable:
             for name in ("keys", "count", "s1", "s2", "last", "last_time"):
                 setattr(self, name, getattr(self, name)[keep])
 
-    def lookup(self, keys: np.ndarray, order: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
-        """(count, s1, s2, last, last_time) per query key; 0 (time NaN) without history.
-
-        ``order`` (``argsort(keys)``, shared by several tables) makes the searches faster.
-        """
-        if self.keys.size == 0:
-            z = np.zeros(keys.shape[0], dtype=np.int64)
-            return z, z, z, z, np.full(keys.shape[0], np.nan)
-        if order is None:
-            pos = np.searchsorted(self.keys, keys)
-        else:
-            pos = np.empty(keys.shape[0], dtype=np.int64)
-            pos[order] = np.searchsorted(self.keys, keys[order])
-        np.minimum(pos, self.keys.size - 1, out=pos)
-        hit = (self.keys[pos] == keys) & (keys != 0)
-        sums = tuple(
-            np.where(hit, arr[pos], 0) for arr in (self.count, self.s1, self.s2, self.last)
-        )
-        return (*sums, np.where(hit, self.last_time[pos], np.nan))
-
 
 class OnlineHistory:
     """Bounded state of recent completions that yields :func:`snapshot_features`' features.
@@ -533,8 +513,6 @@ class OnlineHistory:
             for src in cfg.key_sources
         }
         bases = {src: key_base(q) for src, q in queries.items()}
-        by_key = {src: np.argsort(q, kind="stable") for src, q in queries.items()}
-        by_key_age = {src: np.argsort(b | a.astype(np.uint64)) for src, b in bases.items()}
         now = np.nan if time_s is None else float(time_s)
         since_col = {
             src: col + 6 * len(cfg.key_tables) + j for j, src in enumerate(cfg.key_sources)
@@ -548,7 +526,6 @@ class OnlineHistory:
                 t.last,
                 t.last_time,
                 queries[src],
-                by_key[src],
                 a,
                 x,
                 col,
@@ -570,7 +547,6 @@ class OnlineHistory:
                     csum,
                     bases[src],
                     queries[src],
-                    by_key_age[src],
                     a,
                     h,
                     OUT_MASK,

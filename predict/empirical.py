@@ -18,8 +18,6 @@ there is no evidence about it, so it is projected to survive the window (``p_fin
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 from numba import njit
 
@@ -121,27 +119,6 @@ class MarginalCounts:
         return self.csurv_[np.minimum(x, self.csurv_.size - 1)]
 
 
-@dataclass(frozen=True, slots=True)
-class KeyedQuery:
-    """Query rows for :meth:`KeyedCounts.query_prepared`, sorted once by (key, age).
-
-    Binary searches run faster on sorted needles; the answers are put back in row order.
-    """
-
-    ages: np.ndarray  # int64, row order
-    none: np.ndarray  # bool, row order: rows without a key
-    order: np.ndarray  # rows by (key block, age)
-    base: np.ndarray  # uint64 key blocks, sorted order
-    age: np.ndarray  # uint64 ages, sorted order
-
-    @classmethod
-    def of(cls, keys: np.ndarray, ages: np.ndarray) -> KeyedQuery:
-        base = key_base(keys)
-        a = np.asarray(ages).astype(np.uint64)
-        order = np.argsort(base | a)
-        return cls(np.asarray(ages, dtype=np.int64), keys == 0, order, base[order], a[order])
-
-
 class KeyedCounts:
     """Per-key outputs as one sorted composite array ``key_base | output`` plus output sums."""
 
@@ -188,27 +165,21 @@ class KeyedCounts:
 
     def query(self, keys: np.ndarray, ages: np.ndarray, horizon: int) -> tuple[np.ndarray, ...]:
         """Per row: key count n, S(a), S(a+H), and sum over outputs o > a of min(o - a, H)."""
-        return self.query_prepared(KeyedQuery.of(keys, ages), horizon)
-
-    def query_prepared(
-        self, q: KeyedQuery, horizon: int, *, counts: bool = True
-    ) -> tuple[np.ndarray | None, np.ndarray, np.ndarray, np.ndarray]:
-        """:meth:`query` for rows prepared once (several tables, one sort); ``n`` is None
-        unless ``counts``."""
         if self._dirty:
             self._refresh()
-        needles = [q.base | q.age, q.base | (q.age + np.uint64(horizon)), q.base | OUT_MASK]
-        if counts:
-            needles.append(q.base)
-        idx = np.empty((len(needles), q.order.size), dtype=np.int64)
-        for j, needle in enumerate(needles):
-            idx[j, q.order] = np.searchsorted(self.comp, needle, side="left" if j == 3 else "right")
-        i_a, i_b, end = idx[0], idx[1], idx[2]
-        n = np.where(q.none, 0, end - idx[3]).astype(np.float64) if counts else None
-        s_a = np.where(q.none, 0, end - i_a).astype(np.float64)
-        s_b = np.where(q.none, 0, end - i_b).astype(np.float64)
-        within = self.csum_[i_b] - self.csum_[i_a] - q.ages * (i_b - i_a)
-        capped = np.where(q.none, 0.0, within + horizon * s_b)
+        base = key_base(keys)
+        a = np.asarray(ages).astype(np.uint64)
+        comp = self.comp
+        start = np.searchsorted(comp, base, side="left")
+        i_a = np.searchsorted(comp, base | a, side="right")
+        i_b = np.searchsorted(comp, base | (a + np.uint64(horizon)), side="right")
+        end = np.searchsorted(comp, base | OUT_MASK, side="right")
+        none = keys == 0
+        n = np.where(none, 0, end - start).astype(np.float64)
+        s_a = np.where(none, 0, end - i_a).astype(np.float64)
+        s_b = np.where(none, 0, end - i_b).astype(np.float64)
+        within = self.csum_[i_b] - self.csum_[i_a] - np.asarray(ages, dtype=np.int64) * (i_b - i_a)
+        capped = np.where(none, 0.0, within + horizon * s_b)
         return n, s_a, s_b, capped
 
     def surv_matrix(self, keys: np.ndarray, ages: np.ndarray, horizon: int) -> np.ndarray:

@@ -63,6 +63,7 @@ from predict.calibration import (
     sigmoid,
 )
 from predict.empirical import clip01, mixed_count
+from predict.keys import derive_keys
 from predict.registry import register
 
 if TYPE_CHECKING:
@@ -108,75 +109,9 @@ _MASK_BLOCK = 512  # rows scored together by the bitmask scorer
 _MASK_CHUNK = 65_536  # rows transposed at a time (bounds the copy for big matrices)
 _ALL = np.uint64(0xFFFFFFFFFFFFFFFF)
 _DEBRUIJN_MAGIC = np.uint64(0x03F79D71B4CB0A89)
-_DEBRUIJN = np.array(
-    [
-        0,
-        1,
-        48,
-        2,
-        57,
-        49,
-        28,
-        3,
-        61,
-        58,
-        50,
-        42,
-        38,
-        29,
-        17,
-        4,
-        62,
-        55,
-        59,
-        36,
-        53,
-        51,
-        43,
-        22,
-        45,
-        39,
-        33,
-        30,
-        24,
-        18,
-        12,
-        5,
-        63,
-        47,
-        56,
-        27,
-        60,
-        41,
-        37,
-        16,
-        54,
-        35,
-        52,
-        21,
-        44,
-        32,
-        23,
-        11,
-        46,
-        26,
-        40,
-        15,
-        34,
-        20,
-        31,
-        10,
-        25,
-        14,
-        19,
-        9,
-        13,
-        8,
-        7,
-        6,
-    ],
-    dtype=np.int64,
-)  # index of the lowest set bit of a uint64 ``b``: _DEBRUIJN[(b * magic) >> 58]
+# _DEBRUIJN[(b * magic) >> 58] is the index of b's single set bit (b a power of two)
+_DEBRUIJN = np.zeros(64, dtype=np.int64)
+_DEBRUIJN[[((int(_DEBRUIJN_MAGIC) << k) & (2**64 - 1)) >> 58 for k in range(64)]] = np.arange(64)
 
 
 def leaf_masks(depth: int) -> tuple[np.ndarray, np.uint64]:
@@ -791,20 +726,17 @@ class GBDTEstimator(CompletionEstimator):
         mc = hist.marginal[win]
         s_a, s_b = mc.surv(age), mc.surv(age + h)
         inside = mc.csurv(age + h) - mc.csurv(age)  # sum_{j<H} S(a + j)
-        keys = None
+        key_surv, bw = np.zeros((0, 0)), 1.0  # marginal: S_m alone
         if self.curve == "key":
-            src = (
-                "hash"
-                if batch.prompt_key is not None and np.any(batch.prompt_key)
-                else ("exact-length")
-            )
-            from predict.keys import derive_keys
-
+            has_keys = batch.prompt_key is not None and bool(np.any(batch.prompt_key))
+            src = "hash" if has_keys else "exact-length"
             keys = derive_keys(src, np.asarray(batch.prompt_tokens), batch.prompt_key)
             kc = hist.keyed[(src, win)]
             _, k_a, k_b, k_in = kc.query(keys, age, h)
             bw = hist.cfg.em_prior / max(mc.n, 1)
             s_a, s_b, inside = k_a + bw * s_a, k_b + bw * s_b, k_in + bw * inside
+            if survival:
+                key_surv = kc.surv_matrix(keys, age, h)
         mass = s_a - s_b
         ok = mass > 0
         safe = np.where(ok, mass, 1.0)
@@ -818,8 +750,8 @@ class GBDTEstimator(CompletionEstimator):
             surv_table,
             age,
             h,
-            np.zeros((0, 0)) if keys is None else kc.surv_matrix(keys, age, h),
-            float(bw) if keys is not None else 1.0,
+            key_surv,
+            float(bw),
             np.ascontiguousarray(s_a, dtype=np.float64),
             np.ascontiguousarray(safe, dtype=np.float64),
             np.ascontiguousarray(ok),

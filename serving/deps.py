@@ -39,9 +39,6 @@ class Services:
     settings: ServeSettings
     metrics: ServiceMetrics
 
-    def parts(self) -> tuple[ModelStore, ServeSettings, ServiceMetrics]:
-        return self.store, self.settings, self.metrics
-
 
 def services(request: Request) -> Services:
     """The app's store, settings and metrics."""

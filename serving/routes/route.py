@@ -90,13 +90,13 @@ async def route(request: Request) -> RouteResponse:
     from serving.route_schemas import RouteRequest
     from serving.snapshot import DecisionError, InvalidOptions, lookahead
 
-    store, settings, metrics = services(request).parts()
+    svc = services(request)
     data = await json_body(request)
-    _check_sizes(data, settings.max_requests)
+    _check_sizes(data, svc.settings.max_requests)
     req = validate(RouteRequest, data)
-    metrics.batch_size.labels("/v1/route").observe(len(req.pool))
+    svc.metrics.batch_size.labels("/v1/route").observe(len(req.pool))
     horizon = lookahead(req)
-    model, estimator, fallback = _model_for(req, store, horizon)
+    model, estimator, fallback = _model_for(req, svc.store, horizon)
     if model is not None:
         request.state.arm = model.arm
     try:
@@ -107,7 +107,7 @@ async def route(request: Request) -> RouteResponse:
         raise HTTPException(status_code=500, detail=f"policy '{req.policy}': {exc}") from None
     fallback = fallback or failed
     if fallback is not None:
-        metrics.fallbacks.labels("/v1/route", "model_unavailable").inc()
+        svc.metrics.fallbacks.labels("/v1/route", "model_unavailable").inc()
     return RouteResponse(
         admissions=admissions,
         policy=described,

@@ -31,7 +31,7 @@ def _count_le(arr, v):
 
 @njit(cache=True, nogil=True)
 def key_table_columns(
-    table_keys, count, s1, s2, last, last_time, queries, age, x, col, now, since_col
+    table_keys, count, s1, s2, last, last_time, queries, order, age, x, col, now, since_col
 ):
     """KEY_STATS columns ``x[:, col:col+6]`` from one per-key window table (sorted keys).
 
@@ -40,7 +40,7 @@ def key_table_columns(
     """
     m = table_keys.shape[0]
     nan = np.nan
-    for i in range(queries.shape[0]):
+    for i in order:  # rows by key: neighbouring searches share their path (cache, branches)
         k = queries[i]
         p = 0
         hit = False
@@ -106,6 +106,7 @@ def keyed_columns(
     csum,
     base,
     queries,
+    order,
     age,
     horizon,
     out_mask,
@@ -121,7 +122,7 @@ def keyed_columns(
     marginal's counts as ``em_prior`` pseudo-observations."""
     bw = em_prior / max(marginal_n, 1.0)
     h = np.uint64(horizon)
-    for i in range(age.shape[0]):
+    for i in order:  # rows by (key, age): neighbouring searches share their path
         a = age[i]
         if queries[i] == 0:
             s_a = 0.0

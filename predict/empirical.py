@@ -167,13 +167,16 @@ class KeyedCounts:
         """Per row: key count n, S(a), S(a+H), and sum over outputs o > a of min(o - a, H)."""
         if self._dirty:
             self._refresh()
-        base = key_base(keys)
         a = np.asarray(ages).astype(np.uint64)
-        comp = self.comp
-        start = np.searchsorted(comp, base, side="left")
-        i_a = np.searchsorted(comp, base | a, side="right")
-        i_b = np.searchsorted(comp, base | (a + np.uint64(horizon)), side="right")
-        end = np.searchsorted(comp, base | OUT_MASK, side="right")
+        base = key_base(keys)
+        # binary searches run over twice as fast on sorted needles: sort once, scatter back
+        order = np.argsort(base | a)
+        sb, sa = base[order], a[order]
+        needles = (sb, sb | sa, sb | (sa + np.uint64(horizon)), sb | OUT_MASK)
+        idx = np.empty((4, order.size), dtype=np.int64)
+        for j, needle in enumerate(needles):
+            idx[j, order] = np.searchsorted(self.comp, needle, side="left" if j == 0 else "right")
+        start, i_a, i_b, end = idx
         none = keys == 0
         n = np.where(none, 0, end - start).astype(np.float64)
         s_a = np.where(none, 0, end - i_a).astype(np.float64)

@@ -63,8 +63,8 @@ def workload_frame(
     key = (name, repeat, repeats, window)
     if key in _FRAMES:
         return _FRAMES[key]
-    from features.loaders import load_trace
-    from features.synthetic import generate
+    from balanceroute.features.loaders import load_trace
+    from balanceroute.features.synthetic import generate
 
     spec = WORKLOADS[name]
     if "trace" in spec:
@@ -82,9 +82,9 @@ def workload_frame(
 
 def run_point(point: Point) -> dict[str, Any]:
     """Replay one point and return its summary (without per-iteration records)."""
-    from predict.registry import make_estimator
-    from router.prefill import PrefillConfig
-    from router.runner import ReplaySpec, replay
+    from balanceroute.predict.registry import make_estimator
+    from balanceroute.router.prefill import PrefillConfig
+    from balanceroute.router.runner import ReplaySpec, replay
 
     frame = workload_frame(point.workload, point.repeat, point.repeats, point.window)
     est = None

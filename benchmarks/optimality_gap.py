@@ -19,8 +19,8 @@ import json
 import numpy as np
 from _common import WORKLOADS, workload_frame
 
-from router.policy import Policy
-from router.state import Admissions, RouterState
+from balanceroute.router.policy import Policy
+from balanceroute.router.state import Admissions, RouterState
 
 
 class Recorder(Policy):
@@ -72,7 +72,7 @@ class Recorder(Policy):
 
 
 def gaps(samples: list[dict]) -> dict:
-    from router.exact import solve_step, step_objective
+    from balanceroute.router.exact import solve_step, step_objective
 
     rel, optimal, timeouts = [], 0, 0
     for s in samples:
@@ -95,11 +95,11 @@ def gaps(samples: list[dict]) -> dict:
 
 
 def main() -> None:
-    from predict.oracle import OracleEstimator
-    from router.balance_route import BR0Policy, BRHPolicy, PaperBRHPolicy
-    from router.prefill import PrefillConfig
-    from router.runner import ReplaySpec, released_requests
-    from router.simulator import SimConfig, simulate
+    from balanceroute.predict.oracle import OracleEstimator
+    from balanceroute.router.balance_route import BR0Policy, BRHPolicy, PaperBRHPolicy
+    from balanceroute.router.prefill import PrefillConfig
+    from balanceroute.router.runner import ReplaySpec, released_requests
+    from balanceroute.router.simulator import SimConfig, simulate
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--states", type=int, default=60)

@@ -24,10 +24,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from features.loaders import load_trace
-from predict.base import RunningBatch
-from predict.registry import make_estimator
-from training.evaluate import Holdout, evaluate_estimator, make_holdout
+from balanceroute.features.loaders import load_trace
+from balanceroute.predict.base import RunningBatch
+from balanceroute.predict.registry import make_estimator
+from balanceroute.training.evaluate import Holdout, evaluate_estimator, make_holdout
 
 TRACES = {
     "azure": ("azure_llm_2023_conv.csv", "exact-length"),

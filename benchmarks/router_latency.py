@@ -38,10 +38,10 @@ def pooled_releases(frame, workers: int, slots: int, pool: int):
     """Releases that keep about ``pool`` requests waiting (from a count-JSQ pass)."""
     from dataclasses import replace
 
-    from features.schema import to_arrays
-    from router.baselines import CountJSQPolicy
-    from router.prefill import PrefillConfig, release
-    from router.simulator import SimConfig, simulate
+    from balanceroute.features.schema import to_arrays
+    from balanceroute.router.baselines import CountJSQPolicy
+    from balanceroute.router.prefill import PrefillConfig, release
+    from balanceroute.router.simulator import SimConfig, simulate
 
     rq = release(to_arrays(frame), PrefillConfig(saturate=True))
     first = simulate(
@@ -54,9 +54,9 @@ def pooled_releases(frame, workers: int, slots: int, pool: int):
 
 
 def run_arm(name, rq, frame, workers, slots, extra=None):
-    from predict.oracle import OracleEstimator
-    from router.policy import policy_class
-    from router.simulator import SimConfig, simulate
+    from balanceroute.predict.oracle import OracleEstimator
+    from balanceroute.router.policy import policy_class
+    from balanceroute.router.simulator import SimConfig, simulate
 
     router, predictor, opts = ARMS[name] if extra is None else extra
     cls = policy_class(router)
@@ -93,8 +93,8 @@ def study(frame, workers, slots, pool, runs, arms):
 
 
 def main() -> None:
-    from features.loaders import load_trace
-    from features.synthetic import generate
+    from balanceroute.features.loaders import load_trace
+    from balanceroute.features.synthetic import generate
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)

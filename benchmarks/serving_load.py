@@ -88,7 +88,7 @@ def ensure_models(env: dict[str, str], workdir: Path, requests: int, retrain: bo
     args = [
         sys.executable,
         "-m",
-        "balanceroute",
+        "balanceroute.cli",
         "train",
         "--requests",
         str(requests),
@@ -103,7 +103,7 @@ def ensure_models(env: dict[str, str], workdir: Path, requests: int, retrain: bo
 
 def make_batches(batch: int, count: int, seed: int) -> list[dict[str, Any]]:
     """Running requests of a synthetic trace at random ages below their lengths."""
-    from features.synthetic import generate
+    from balanceroute.features.synthetic import generate
 
     frame = generate("paper-prod", batch * count, seed=seed)
     rng = np.random.default_rng(seed)
@@ -199,7 +199,16 @@ class Process:
 def start_ours(uri: str, env: dict[str, str], cwd: Path) -> Process:
     """``balanceroute serve`` on a free port (its default settings unless ``env`` says)."""
     port = free_port()
-    args = [sys.executable, "-m", "balanceroute", "serve", "--model-uri", uri, "--port", str(port)]
+    args = [
+        sys.executable,
+        "-m",
+        "balanceroute.cli",
+        "serve",
+        "--model-uri",
+        uri,
+        "--port",
+        str(port),
+    ]
     return Process("balanceroute", args, {**env, "PYTHONPATH": str(REPO)}, "/readyz", cwd, port)
 
 
@@ -278,9 +287,9 @@ def load(port: int, path: str, bodies: list[bytes], clients: int, seconds: float
 
 def model_floor(path: Path, bodies: list[bytes], repeats: int = 50) -> dict[str, float]:
     """The estimator alone, in this process, on the same batches: what no server can beat."""
-    from predict.base import CompletionEstimator
-    from serving.decode import decode_predict
-    from serving.inference import running_batch
+    from balanceroute.predict.base import CompletionEstimator
+    from balanceroute.serving.decode import decode_predict
+    from balanceroute.serving.inference import running_batch
 
     est = CompletionEstimator.load(path)
     batches = [running_batch(decode_predict(orjson.loads(b), 16_384).running, None) for b in bodies]

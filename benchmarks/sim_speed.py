@@ -17,10 +17,10 @@ from _common import DATA
 
 
 def measure(frame, workers: int, slots: int, saturate: bool, runs: int) -> dict:
-    from features.schema import to_arrays
-    from router.baselines import CountJSQPolicy
-    from router.prefill import PrefillConfig, release
-    from router.simulator import SimConfig, simulate
+    from balanceroute.features.schema import to_arrays
+    from balanceroute.router.baselines import CountJSQPolicy
+    from balanceroute.router.prefill import PrefillConfig, release
+    from balanceroute.router.simulator import SimConfig, simulate
 
     rq = release(to_arrays(frame), PrefillConfig(saturate=saturate))
     rates, iters = [], 0
@@ -42,8 +42,8 @@ def measure(frame, workers: int, slots: int, saturate: bool, runs: int) -> dict:
 
 
 def main() -> None:
-    from features.loaders import load_trace
-    from features.synthetic import generate
+    from balanceroute.features.loaders import load_trace
+    from balanceroute.features.synthetic import generate
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)

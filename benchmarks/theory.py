@@ -25,11 +25,11 @@ BS = (4, 8, 16, 32)
 
 
 def one(workers: int, slots: int, seed: int, router: str, per_slot: int) -> float:
-    from features.schema import to_arrays
-    from features.synthetic import generate
-    from router.policy import policy_class
-    from router.prefill import PrefillConfig, release
-    from router.simulator import SimConfig, simulate
+    from balanceroute.features.schema import to_arrays
+    from balanceroute.features.synthetic import generate
+    from balanceroute.router.policy import policy_class
+    from balanceroute.router.prefill import PrefillConfig, release
+    from balanceroute.router.simulator import SimConfig, simulate
 
     frame = generate("geometric", max(2000, per_slot * workers * slots), seed=seed)
     rq = release(to_arrays(frame), PrefillConfig(saturate=True))

@@ -18,9 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from features.synthetic import generate
-from predict.registry import make_estimator
-from training.split import time_split
+from balanceroute.features.synthetic import generate
+from balanceroute.predict.registry import make_estimator
+from balanceroute.training.split import time_split
 
 
 def _peak_rss_mb() -> float:

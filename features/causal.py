@@ -36,16 +36,16 @@ from dataclasses import dataclass, field
 import numpy as np
 from numba import njit
 
-from features.causal_kernels import key_table_columns, keyed_columns, marginal_columns
-from features.schema import TraceArrays
-from predict.empirical import (
+from balanceroute.features.causal_kernels import key_table_columns, keyed_columns, marginal_columns
+from balanceroute.features.schema import TraceArrays
+from balanceroute.predict.empirical import (
     OUT_MASK,
     KeyedCounts,
     MarginalCounts,
     asof_key_terms,
     key_base,
 )
-from predict.keys import derive_keys
+from balanceroute.predict.keys import derive_keys
 
 GLOBAL_FEATURES: tuple[str, ...] = (
     "recent_out_mean",

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from features.errors import TraceError
+from balanceroute.features.errors import TraceError
 
 CANONICAL_COLUMNS: tuple[str, ...] = (
     "request_id",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from features.errors import UserError
+from balanceroute.features.errors import UserError
 
 
 def time_split(

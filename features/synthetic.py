@@ -40,8 +40,8 @@ import numpy as np
 import pandas as pd
 from scipy.special import ndtri
 
-from features.errors import UserError
-from features.schema import validate_trace
+from balanceroute.features.errors import UserError
+from balanceroute.features.schema import validate_trace
 
 STRATA = 16
 MOONCAKE_BLOCK = 512

@@ -17,8 +17,8 @@ from typing import BinaryIO
 import orjson
 import pandas as pd
 
-from features.errors import UserError
-from features.schema import validate_trace
+from balanceroute.features.errors import UserError
+from balanceroute.features.schema import validate_trace
 
 JSONL_CHUNK_ROWS = 100_000
 

@@ -12,10 +12,10 @@ from typing import Any
 
 import pandas as pd
 
-from features.digest import file_sha256, frame_sha256
-from features.errors import UserError
-from features.loaders import AUTO, detect_format, load_trace
-from features.synthetic import generate, get_preset
+from balanceroute.features.digest import file_sha256, frame_sha256
+from balanceroute.features.errors import UserError
+from balanceroute.features.loaders import AUTO, detect_format, load_trace
+from balanceroute.features.synthetic import generate, get_preset
 
 DEFAULT_PRESET = "paper-prod"
 DEFAULT_REQUESTS = 10_000

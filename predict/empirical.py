@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from predict.base import Prediction
+from balanceroute.predict.base import Prediction
 
 OUT_BITS = 21  # outputs are capped at 2**21 - 1 tokens inside the keyed composite
 OUT_MASK = np.uint64((1 << OUT_BITS) - 1)

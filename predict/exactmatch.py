@@ -21,13 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from features.errors import UserError
-from features.schema import TraceArrays
-from predict.base import DEFAULT_HORIZON, Prediction, RunningBatch
-from predict.empirical import KeyedCounts, conditional_prediction
-from predict.keys import check_key_source, derive_keys, fit_bucket_edges
-from predict.registry import register
-from predict.survival import DEFAULT_WINDOW, SurvivalEstimator
+from balanceroute.features.errors import UserError
+from balanceroute.features.schema import TraceArrays
+from balanceroute.predict.base import DEFAULT_HORIZON, Prediction, RunningBatch
+from balanceroute.predict.empirical import KeyedCounts, conditional_prediction
+from balanceroute.predict.keys import check_key_source, derive_keys, fit_bucket_edges
+from balanceroute.predict.registry import register
+from balanceroute.predict.survival import DEFAULT_WINDOW, SurvivalEstimator
 
 BLENDS = ("shrink", "switch")
 

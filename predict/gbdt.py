@@ -40,31 +40,31 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 import numpy as np
 from numba import njit
 
-from features.causal import (
+from balanceroute.features.causal import (
     CausalConfig,
     OnlineHistory,
     trace_snapshot_features,
     training_rows,
 )
-from features.errors import UserError
-from features.schema import to_arrays
-from predict.base import (
+from balanceroute.features.errors import UserError
+from balanceroute.features.schema import to_arrays
+from balanceroute.predict.base import (
     DEFAULT_HORIZON,
     CompletedBatch,
     CompletionEstimator,
     Prediction,
     RunningBatch,
 )
-from predict.calibration import (
+from balanceroute.predict.calibration import (
     OnlineRecalibrator,
     expected_calibration_error,
     fit_platt,
     logit,
     sigmoid,
 )
-from predict.empirical import clip01, mixed_count
-from predict.keys import derive_keys
-from predict.registry import register
+from balanceroute.predict.empirical import clip01, mixed_count
+from balanceroute.predict.keys import derive_keys
+from balanceroute.predict.registry import register
 
 if TYPE_CHECKING:
     import lightgbm as lgb

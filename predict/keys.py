@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from features.errors import UserError
+from balanceroute.features.errors import UserError
 
 KEY_SOURCES: tuple[str, ...] = ("hash", "exact-length", "bucket")
 AUTO_KEY = "auto"

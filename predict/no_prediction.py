@@ -7,7 +7,7 @@ from typing import Self
 import numpy as np
 import pandas as pd
 
-from predict.base import CompletionEstimator, Prediction, RunningBatch
+from balanceroute.predict.base import CompletionEstimator, Prediction, RunningBatch
 
 
 class NoPrediction(CompletionEstimator):

@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import ndtri
 
-from predict.base import Prediction, RunningBatch, survival_from_remaining
-from predict.oracle import OracleEstimator
-from predict.registry import register
+from balanceroute.predict.base import Prediction, RunningBatch, survival_from_remaining
+from balanceroute.predict.oracle import OracleEstimator
+from balanceroute.predict.registry import register
 
 
 @register

@@ -7,7 +7,12 @@ from typing import Self
 import numpy as np
 import pandas as pd
 
-from predict.base import CompletionEstimator, Prediction, RunningBatch, survival_from_remaining
+from balanceroute.predict.base import (
+    CompletionEstimator,
+    Prediction,
+    RunningBatch,
+    survival_from_remaining,
+)
 
 
 class OracleEstimator(CompletionEstimator):

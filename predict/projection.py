@@ -125,7 +125,7 @@ class LoadProjection:
         """Start over at ``k`` from capped expectations ``c``: request ``i`` is ``W_i + t`` for
         ``t < ceil(c_i)`` (for good if ``c_i >= H``), then gone, or with ``refill_prompt``
         replaced by a request of that prompt admitted then."""
-        from router.kernels import cutoff_base
+        from balanceroute.router.kernels import cutoff_base
 
         self._start(k, positions, workers)
         w = workload.astype(np.float64)
@@ -174,7 +174,7 @@ class LoadProjection:
                 self.extra_worker[rest] = -1
 
     def _remove_cutoff(self, rows: np.ndarray, gs: np.ndarray) -> None:
-        from router.kernels import cutoff_remove
+        from balanceroute.router.kernels import cutoff_remove
 
         w, lengths, refill = self.cut
         cutoff_remove(self.base, gs, w[rows], lengths[rows], -1.0 if refill is None else refill)

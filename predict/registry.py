@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from features.errors import UserError
-from predict.base import CompletionEstimator
-from predict.no_prediction import NoPrediction
-from predict.oracle import OracleEstimator
+from balanceroute.features.errors import UserError
+from balanceroute.predict.base import CompletionEstimator
+from balanceroute.predict.no_prediction import NoPrediction
+from balanceroute.predict.oracle import OracleEstimator
 
 ESTIMATORS: dict[str, type[CompletionEstimator]] = {
     NoPrediction.name: NoPrediction,
@@ -25,7 +25,12 @@ def _load_optional() -> None:
     # Learned estimators live in their own modules; importing them registers them.
     import importlib
 
-    for mod in ("predict.survival", "predict.exactmatch", "predict.gbdt", "predict.noisy_oracle"):
+    for mod in (
+        "balanceroute.predict.survival",
+        "balanceroute.predict.exactmatch",
+        "balanceroute.predict.gbdt",
+        "balanceroute.predict.noisy_oracle",
+    ):
         try:
             importlib.import_module(mod)
         except ModuleNotFoundError as exc:

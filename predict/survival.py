@@ -14,18 +14,18 @@ from typing import Any, Self
 import numpy as np
 import pandas as pd
 
-from features.causal import CausalConfig
-from features.errors import UserError
-from features.schema import TraceArrays, to_arrays
-from predict.base import (
+from balanceroute.features.causal import CausalConfig
+from balanceroute.features.errors import UserError
+from balanceroute.features.schema import TraceArrays, to_arrays
+from balanceroute.predict.base import (
     DEFAULT_HORIZON,
     CompletedBatch,
     CompletionEstimator,
     Prediction,
     RunningBatch,
 )
-from predict.empirical import MarginalCounts, SlidingWindow, conditional_prediction
-from predict.registry import register
+from balanceroute.predict.empirical import MarginalCounts, SlidingWindow, conditional_prediction
+from balanceroute.predict.registry import register
 
 DEFAULT_WINDOW = 131_072
 

@@ -19,12 +19,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from features.errors import UserError
-from predict.base import CompletionEstimator
-from router.arms import Arm
-from router.cost import CostModel
-from router.prefill import PrefillConfig
-from router.runner import ReplaySpec, build_estimator, released_requests, replay
+from balanceroute.features.errors import UserError
+from balanceroute.predict.base import CompletionEstimator
+from balanceroute.router.arms import Arm
+from balanceroute.router.cost import CostModel
+from balanceroute.router.prefill import PrefillConfig
+from balanceroute.router.runner import ReplaySpec, build_estimator, released_requests, replay
 
 TRAJECTORY_WINDOW = 1500
 DIST_SAMPLE = 4000
@@ -84,7 +84,7 @@ def prepare(
     frame: pd.DataFrame, cfg: ABConfig, progress=None
 ) -> tuple[pd.DataFrame, dict[str, CompletionEstimator], dict[str, Any]]:
     """Split off training history if needed and build every arm's estimator (oracle later)."""
-    from router.runner import split_for_training
+    from balanceroute.router.runner import split_for_training
 
     info: dict[str, Any] = {"trained_on_the_fly": {}, "loaded_from_registry": {}}
     history = None
@@ -127,7 +127,7 @@ def _model_version(uri: str) -> str | None:
     try:
         from mlflow import MlflowClient
 
-        from training.registry import model_uri
+        from balanceroute.training.registry import model_uri
 
         full = model_uri(uri)
         if full.startswith("models:/") and "@" in full:

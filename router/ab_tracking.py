@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from router.ab import METRICS, ABConfig
+from balanceroute.router.ab import METRICS, ABConfig
 
 EXPERIMENT = "balanceroute-ab"
 
@@ -14,7 +14,7 @@ def log_ab(
     summary: dict[str, Any], raw: dict[str, Any], cfg: ABConfig, out: Path, meta: dict[str, Any]
 ) -> str:
     """Parent run (config, report, plots, summary) with a child run per arm; returns its id."""
-    from training.tracking import setup_mlflow
+    from balanceroute.training.tracking import setup_mlflow
 
     setup_mlflow(EXPERIMENT)
     import mlflow

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from features.errors import UserError
-from router.balance_route import BalanceRouteConfig, takes_estimator, takes_options
+from balanceroute.features.errors import UserError
+from balanceroute.router.balance_route import BalanceRouteConfig, takes_estimator, takes_options
 
 
 @dataclass(frozen=True)
@@ -64,8 +64,8 @@ def _value(raw: str) -> Any:
 
 def parse_arm(text: str) -> Arm:
     """Parse one arm string; errors list the known routers and estimators."""
-    from predict.registry import estimator_names
-    from router.policy import policy_names
+    from balanceroute.predict.registry import estimator_names
+    from balanceroute.router.policy import policy_names
 
     body, options = text, {}
     if "{" in text:

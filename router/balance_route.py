@@ -22,18 +22,18 @@ from typing import Any
 
 import numpy as np
 
-from features.errors import UserError
-from predict.base import CompletedBatch, CompletionEstimator, RunningBatch
-from predict.no_prediction import NoPrediction
-from predict.projection import (
+from balanceroute.features.errors import UserError
+from balanceroute.predict.base import CompletedBatch, CompletionEstimator, RunningBatch
+from balanceroute.predict.no_prediction import NoPrediction
+from balanceroute.predict.projection import (
     LoadProjection,
     extend_survival,
     request_paths,
 )
-from router.kernels import FALLBACK, GUARD, STAGE1, STAGE2, br_step, warm_up
-from router.policy import Policy, RunContext, register
-from router.scoring import discount_weights
-from router.state import Admissions, RouterState
+from balanceroute.router.kernels import FALLBACK, GUARD, STAGE1, STAGE2, br_step, warm_up
+from balanceroute.router.policy import Policy, RunContext, register
+from balanceroute.router.scoring import discount_weights
+from balanceroute.router.state import Admissions, RouterState
 
 PROJECTIONS = ("auto", "cutoff", "expected", "confident")
 GAMMA_MIN, GAMMA_MAX = 0.5, 0.995
@@ -379,14 +379,14 @@ class PaperBRHPolicy(BalanceRoutePolicy):
 
 def takes_options(router: str) -> bool:
     """Whether a registered router is a BalanceRoute policy (br0, brh, brh-paper)."""
-    from router.policy import policy_class
+    from balanceroute.router.policy import policy_class
 
     return issubclass(policy_class(router), BalanceRoutePolicy)
 
 
 def takes_estimator(router: str) -> bool:
     """Whether a registered router projects loads with a completion estimator."""
-    from router.policy import policy_class
+    from balanceroute.router.policy import policy_class
 
     cls = policy_class(router)
     return issubclass(cls, BalanceRoutePolicy) and cls.defaults.horizon > 0

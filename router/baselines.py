@@ -14,8 +14,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from router.policy import Policy, RunContext, register
-from router.state import Admissions, RouterState
+from balanceroute.router.policy import Policy, RunContext, register
+from balanceroute.router.state import Admissions, RouterState
 
 
 class FCFSPolicy(Policy):

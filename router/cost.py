@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from features.errors import UserError
+from balanceroute.features.errors import UserError
 
 
 @dataclass(frozen=True, slots=True)

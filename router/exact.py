@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from router.policy import Policy, register
-from router.scoring import discount_weights
-from router.state import Admissions, RouterState
+from balanceroute.router.policy import Policy, register
+from balanceroute.router.scoring import discount_weights
+from balanceroute.router.state import Admissions, RouterState
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,8 +7,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from features.errors import UserError
-from router.state import Admissions, RequestTable, RouterState
+from balanceroute.features.errors import UserError
+from balanceroute.router.state import Admissions, RequestTable, RouterState
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,9 +60,9 @@ def register(cls: type[Policy]) -> type[Policy]:
 
 
 def _load_all() -> None:
-    import router.balance_route
-    import router.baselines
-    import router.exact  # noqa: F401  (registers exact, the IO_0 reference)
+    import balanceroute.router.balance_route
+    import balanceroute.router.baselines
+    import balanceroute.router.exact  # noqa: F401  (registers exact, the IO_0 reference)
 
 
 def policy_names() -> list[str]:

@@ -17,10 +17,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from features.errors import UserError
-from features.schema import TraceArrays
-from router.cost import CostModel
-from router.state import RequestTable
+from balanceroute.features.errors import UserError
+from balanceroute.features.schema import TraceArrays
+from balanceroute.router.cost import CostModel
+from balanceroute.router.state import RequestTable
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from router.metrics import queue_delay_s, tpot_s
-from router.simulator import SimResult
+from balanceroute.router.metrics import queue_delay_s, tpot_s
+from balanceroute.router.simulator import SimResult
 
 
 def iteration_frame(result: SimResult) -> pd.DataFrame:

@@ -11,17 +11,22 @@ from typing import Any
 
 import pandas as pd
 
-from features.errors import UserError
-from features.schema import to_arrays
-from features.split import time_split
-from predict.base import CompletionEstimator
-from predict.keys import AUTO_KEY, resolve_key_source
-from predict.registry import make_estimator
-from router.cost import CostModel
-from router.metrics import summarize
-from router.policy import Policy, policy_class
-from router.prefill import PrefillConfig, ReleasedRequests, rate_scale_for_load, release
-from router.simulator import SimConfig, SimResult, simulate
+from balanceroute.features.errors import UserError
+from balanceroute.features.schema import to_arrays
+from balanceroute.features.split import time_split
+from balanceroute.predict.base import CompletionEstimator
+from balanceroute.predict.keys import AUTO_KEY, resolve_key_source
+from balanceroute.predict.registry import make_estimator
+from balanceroute.router.cost import CostModel
+from balanceroute.router.metrics import summarize
+from balanceroute.router.policy import Policy, policy_class
+from balanceroute.router.prefill import (
+    PrefillConfig,
+    ReleasedRequests,
+    rate_scale_for_load,
+    release,
+)
+from balanceroute.router.simulator import SimConfig, SimResult, simulate
 
 TRAINING_FREE = ("none", "oracle")
 
@@ -46,7 +51,7 @@ class ReplaySpec:
             raise UserError(
                 f"need at least one worker and one slot, got G={self.workers}, B={self.slots}"
             )
-        from router.balance_route import takes_estimator
+        from balanceroute.router.balance_route import takes_estimator
 
         if self.predictor is not None and not takes_estimator(self.router):
             raise UserError(
@@ -69,7 +74,7 @@ def build_estimator(
 ) -> CompletionEstimator:
     """An estimator ready to predict on ``replay``: loaded, trained on ``history``, or oracle."""
     if model_uri is not None:
-        from training.registry import load_estimator
+        from balanceroute.training.registry import load_estimator
 
         est = load_estimator(model_uri)
         if est.name != name:
@@ -92,7 +97,7 @@ def build_estimator(
 def build_policy(spec: ReplaySpec, estimator: CompletionEstimator | None) -> Policy:
     """The policy named by ``spec.router``, with its options and estimator."""
     cls = policy_class(spec.router)
-    from router.balance_route import takes_options
+    from balanceroute.router.balance_route import takes_options
 
     if takes_options(spec.router):
         return cls(estimator=estimator, **spec.router_options)

@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from router.cost import CostModel
-from router.policy import Policy, RunContext
-from router.prefill import ReleasedRequests
-from router.state import RouterState, RunningRequests
+from balanceroute.router.cost import CostModel
+from balanceroute.router.policy import Policy, RunContext
+from balanceroute.router.prefill import ReleasedRequests
+from balanceroute.router.state import RouterState, RunningRequests
 
 SPAN_LIMIT = 4096
 

@@ -1,4 +1,4 @@
-"""``python -m serving``: the server alone, configured by ``BALANCEROUTE_*`` (what
+"""``python -m balanceroute.serving``: the server alone, configured by ``BALANCEROUTE_*`` (what
 ``balanceroute serve`` execs into once it has checked its flags)."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 import sys
 
-from features.errors import UserError
-from serving.cli import load_settings, run_server
+from balanceroute.features.errors import UserError
+from balanceroute.serving.server import load_settings, run_server
 
 
 def main() -> int:

@@ -14,12 +14,12 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 
-from serving.body import request_components
-from serving.metrics import MetricsMiddleware, ServiceMetrics
-from serving.models import ModelStore, pin_lightgbm_threads
-from serving.routes import ROUTERS
-from serving.schemas import REQUEST_MODELS
-from serving.settings import ServeSettings
+from balanceroute.serving.body import request_components
+from balanceroute.serving.metrics import MetricsMiddleware, ServiceMetrics
+from balanceroute.serving.models import ModelStore, pin_lightgbm_threads
+from balanceroute.serving.routes import ROUTERS
+from balanceroute.serving.schemas import REQUEST_MODELS
+from balanceroute.serving.settings import ServeSettings
 
 log = logging.getLogger("balanceroute.serve")
 TITLE = "BalanceRoute"
@@ -40,7 +40,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     """The generated document plus the schemas of the self-decoded request bodies."""
     if app.openapi_schema is None:
         doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
-        from serving.route_schemas import RouteRequest
+        from balanceroute.serving.route_schemas import RouteRequest
 
         doc.setdefault("components", {}).setdefault("schemas", {}).update(
             request_components((*REQUEST_MODELS, RouteRequest))
@@ -51,7 +51,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
 
 def _warm_router() -> None:
     """Import the router and run every policy once (imported here: it costs about 150 MB)."""
-    from serving.snapshot import warm_up
+    from balanceroute.serving.snapshot import warm_up
 
     warm_up()
 

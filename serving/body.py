@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import Request
 from pydantic import BaseModel
 
-from serving.decode import parse_json
+from balanceroute.serving.decode import parse_json
 
 REF = "#/components/schemas/{model}"
 

@@ -36,14 +36,14 @@ import numpy as np
 import orjson
 import pandas as pd
 
-from predict.base import (
+from balanceroute.predict.base import (
     DEFAULT_HORIZON,
     CompletedBatch,
     CompletionEstimator,
     Prediction,
     RunningBatch,
 )
-from predict.no_prediction import NoPrediction
+from balanceroute.predict.no_prediction import NoPrediction
 
 TOKEN_ENV = "BALANCEROUTE_API_TOKEN"
 BACKOFF_S = (0.05, 1.0)  # first and longest pause after a failure

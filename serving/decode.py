@@ -19,8 +19,8 @@ from fastapi import HTTPException
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
-from features.schema import hash_keys
-from serving.schemas import (
+from balanceroute.features.schema import hash_keys
+from balanceroute.serving.schemas import (
     MAX_HORIZON,
     MAX_TOKENS,
     ObserveRequest,

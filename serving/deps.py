@@ -10,9 +10,9 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from serving.metrics import ServiceMetrics
-from serving.models import LoadedModel, ModelStore, NotReady, UnknownModel
-from serving.settings import ServeSettings
+from balanceroute.serving.metrics import ServiceMetrics
+from balanceroute.serving.models import LoadedModel, ModelStore, NotReady, UnknownModel
+from balanceroute.serving.settings import ServeSettings
 
 bearer = HTTPBearer(
     auto_error=False,

@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 
-from features.errors import UserError
+from balanceroute.features.errors import UserError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,14 +24,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out")
     p.add_argument("--current", help="version already served: resolve only")
     args = p.parse_args(argv)
-    from serving.sources import describe, resolve_registry
+    from balanceroute.serving.sources import describe, resolve_registry
 
     try:
         resolved = resolve_registry(args.uri)
         if resolved.version == args.current:
             print(describe(resolved, changed=False))
             return 0
-        from training.registry import load_estimator
+        from balanceroute.training.registry import load_estimator
 
         estimator = load_estimator(f"models:/{resolved.name}/{resolved.version}")
         estimator.save(args.out)

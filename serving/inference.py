@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import orjson
 
-from predict.base import Prediction, RunningBatch
-from serving.decode import PredictInput, RunningColumns
-from serving.models import LoadedModel
+from balanceroute.predict.base import Prediction, RunningBatch
+from balanceroute.serving.decode import PredictInput, RunningColumns
+from balanceroute.serving.models import LoadedModel
 
 
 class HorizonUnavailable(ValueError):

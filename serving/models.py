@@ -19,10 +19,10 @@ from datetime import UTC, datetime
 import anyio.to_thread
 import numpy as np
 
-from predict.base import CompletedBatch, CompletionEstimator
-from serving.decode import CompletedColumns
-from serving.schemas import ArmInfo, ModelRef, ReloadOutcome
-from serving.sources import Resolved, fetch
+from balanceroute.predict.base import CompletedBatch, CompletionEstimator
+from balanceroute.serving.decode import CompletedColumns
+from balanceroute.serving.schemas import ArmInfo, ModelRef, ReloadOutcome
+from balanceroute.serving.sources import Resolved, fetch
 
 log = logging.getLogger("balanceroute.serve")
 

@@ -12,9 +12,9 @@ from typing import Annotated, Any, Literal, get_args, get_type_hints
 
 from pydantic import BaseModel, Field, create_model, field_validator
 
-from router.balance_route import BalanceRouteConfig
-from router.policy import policy_names
-from serving.schemas import (
+from balanceroute.router.balance_route import BalanceRouteConfig
+from balanceroute.router.policy import policy_names
+from balanceroute.serving.schemas import (
     MAX_HORIZON,
     MAX_SLOTS,
     MAX_WORKERS,
@@ -25,7 +25,7 @@ from serving.schemas import (
     Selector,
     WorkerIn,
 )
-from serving.settings import MAX_REQUESTS
+from balanceroute.serving.settings import MAX_REQUESTS
 
 NOT_SERVED = {"exact": "an offline MILP reference, seconds per step"}
 

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from serving.settings import MAX_REQUESTS
+from balanceroute.serving.settings import MAX_REQUESTS
 
 MAX_TOKENS = 2**31 - 1
 MAX_COUNT = 2**53

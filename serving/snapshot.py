@@ -14,14 +14,20 @@ from typing import Any
 
 import numpy as np
 
-from features.errors import UserError
-from predict.base import CompletionEstimator
-from predict.no_prediction import NoPrediction
-from router.balance_route import takes_estimator, takes_options
-from router.policy import Policy, RunContext, policy_class
-from router.state import Admissions, ArrayPool, RequestTable, RouterState, RunningRequests
-from serving.decode import key_column, running_from_models
-from serving.route_schemas import RouteRequest, served_policies
+from balanceroute.features.errors import UserError
+from balanceroute.predict.base import CompletionEstimator
+from balanceroute.predict.no_prediction import NoPrediction
+from balanceroute.router.balance_route import takes_estimator, takes_options
+from balanceroute.router.policy import Policy, RunContext, policy_class
+from balanceroute.router.state import (
+    Admissions,
+    ArrayPool,
+    RequestTable,
+    RouterState,
+    RunningRequests,
+)
+from balanceroute.serving.decode import key_column, running_from_models
+from balanceroute.serving.route_schemas import RouteRequest, served_policies
 
 
 class InvalidOptions(ValueError):

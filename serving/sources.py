@@ -28,8 +28,8 @@ from typing import Any, Literal
 
 import joblib
 
-from features.errors import UserError
-from predict.base import CompletionEstimator
+from balanceroute.features.errors import UserError
+from balanceroute.predict.base import CompletionEstimator
 
 _MODELS_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/@]+)|/(?P<version>\d+))$")
 FETCH_TIMEOUT_S = 600
@@ -92,7 +92,7 @@ def _as_estimator(obj: object, uri: str) -> CompletionEstimator:
 def _fetch_registry(uri: str, current: str | None) -> tuple[Resolved, CompletionEstimator] | None:
     with tempfile.TemporaryDirectory(prefix="balanceroute-fetch-") as tmp:
         out = Path(tmp) / "estimator.joblib"
-        args = [sys.executable, "-m", "serving.fetch", uri, str(out)]
+        args = [sys.executable, "-m", "balanceroute.serving.fetch", uri, str(out)]
         if current is not None:
             args += ["--current", current]
         try:
@@ -116,7 +116,7 @@ def resolve_registry(uri: str) -> Resolved:
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    from training.tracking import setup_mlflow
+    from balanceroute.training.tracking import setup_mlflow
 
     setup_mlflow()
     m = _MODELS_URI.match(uri)

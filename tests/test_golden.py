@@ -28,16 +28,14 @@ from tests.golden.make_golden import (
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 ROOT = GOLDEN.parents[1]
-CLI = [sys.executable, "-m", "balanceroute"]
+CLI = [sys.executable, "-m", "balanceroute.cli"]
 TIMING = ("router_step_us", "sim_wall_s", "predictions_per_s", "fit_seconds")
 
 
 def without_timings(value: Any) -> Any:
     """``value`` with every key that measures wall-clock time removed, at any depth."""
     if isinstance(value, dict):
-        return {
-            k: without_timings(v) for k, v in value.items() if not any(t in k for t in TIMING)
-        }
+        return {k: without_timings(v) for k, v in value.items() if not any(t in k for t in TIMING)}
     if isinstance(value, list):
         return [without_timings(v) for v in value]
     return value
@@ -61,7 +59,7 @@ def test_evaluation_is_unchanged(tmp_path: Path) -> None:
 
 
 def _predictions(est, snap: dict[str, np.ndarray], kind: str) -> dict[str, np.ndarray]:
-    from predict.base import CompletedBatch, RunningBatch
+    from balanceroute.predict.base import CompletedBatch, RunningBatch
 
     out = {}
     batch = RunningBatch(snap["prompt"], snap["age"], snap["key"], time_s=2e4)
@@ -81,7 +79,7 @@ def _predictions(est, snap: dict[str, np.ndarray], kind: str) -> dict[str, np.nd
 
 @pytest.fixture(scope="module")
 def trace_and_snapshots():
-    from features.synthetic import generate
+    from balanceroute.features.synthetic import generate
 
     trace = generate(TRACE[0], TRACE[1], seed=TRACE[2])
     return trace, snapshots(trace)
@@ -89,7 +87,7 @@ def trace_and_snapshots():
 
 @pytest.mark.parametrize("kind", list(MODEL_PARAMS))
 def test_saved_models_predict_as_recorded(kind: str, trace_and_snapshots) -> None:
-    from predict.base import CompletionEstimator
+    from balanceroute.predict.base import CompletionEstimator
 
     _, snap = trace_and_snapshots
     want = np.load(GOLDEN / "predictions.npz")
@@ -100,7 +98,7 @@ def test_saved_models_predict_as_recorded(kind: str, trace_and_snapshots) -> Non
 
 @pytest.mark.parametrize("kind", list(MODEL_PARAMS))
 def test_refitted_models_predict_as_recorded(kind: str, trace_and_snapshots) -> None:
-    from predict.registry import make_estimator
+    from balanceroute.predict.registry import make_estimator
 
     trace, snap = trace_and_snapshots
     want = np.load(GOLDEN / "predictions.npz")
@@ -113,4 +111,4 @@ def test_refitted_models_predict_as_recorded(kind: str, trace_and_snapshots) -> 
 def test_service_answers_as_recorded(trace_and_snapshots) -> None:
     _, snap = trace_and_snapshots
     want = json.loads((GOLDEN / "service.json").read_text())
-    assert record_service(snap, ["serving"]) == want
+    assert record_service(snap, ["balanceroute.serving"]) == want

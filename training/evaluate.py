@@ -11,14 +11,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from features.causal import CausalConfig
-from features.schema import TraceArrays, to_arrays
-from predict.base import CompletedBatch, CompletionEstimator
-from training.metrics import reliability, score, score_by_age
-from training.plots import brier_by_age_plot, reliability_plot
-from training.replay import predictions_per_second, replay_predict
-from training.snapshots import holdout_snapshots
-from training.split import time_split
+from balanceroute.features.causal import CausalConfig
+from balanceroute.features.schema import TraceArrays, to_arrays
+from balanceroute.predict.base import CompletedBatch, CompletionEstimator
+from balanceroute.training.metrics import reliability, score, score_by_age
+from balanceroute.training.plots import brier_by_age_plot, reliability_plot
+from balanceroute.training.replay import predictions_per_second, replay_predict
+from balanceroute.training.snapshots import holdout_snapshots
+from balanceroute.training.split import time_split
 
 SNAPSHOTS_PER_REQUEST = 3
 

@@ -5,12 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from features.causal import CausalConfig
-from features.errors import UserError
-from features.workload import load_workload
-from predict.base import CompletionEstimator
-from training.evaluate import evaluate_estimator, make_holdout, progress, warm_up, write_report
-from training.registry import load_estimator
+from balanceroute.features.causal import CausalConfig
+from balanceroute.features.errors import UserError
+from balanceroute.features.workload import load_workload
+from balanceroute.predict.base import CompletionEstimator
+from balanceroute.training.evaluate import (
+    evaluate_estimator,
+    make_holdout,
+    progress,
+    warm_up,
+    write_report,
+)
+from balanceroute.training.registry import load_estimator
 
 
 def run_evaluate(

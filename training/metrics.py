@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 from sklearn.metrics import roc_auc_score
 
-from predict.calibration import expected_calibration_error
+from balanceroute.predict.calibration import expected_calibration_error
 
 __all__ = ["expected_calibration_error", "reliability", "score", "score_by_age"]
 

@@ -13,8 +13,8 @@ import mlflow.pyfunc
 import numpy as np
 import pandas as pd
 
-from features.schema import hash_keys
-from predict.base import CompletionEstimator, RunningBatch
+from balanceroute.features.schema import hash_keys
+from balanceroute.predict.base import CompletionEstimator, RunningBatch
 
 ESTIMATOR_ARTIFACT = "estimator"
 PIP_REQUIREMENTS = ["mlflow", "lightgbm", "scikit-learn", "pandas", "numpy", "joblib", "scipy"]

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from features.errors import UserError
-from predict.base import CompletionEstimator
-from training.tracking import DEFAULT_MODEL_NAME, setup_mlflow
+from balanceroute.features.errors import UserError
+from balanceroute.predict.base import CompletionEstimator
+from balanceroute.training.tracking import DEFAULT_MODEL_NAME, setup_mlflow
 
 
 def model_uri(ref: str, model_name: str = DEFAULT_MODEL_NAME) -> str:

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from features.causal import CausalConfig
-from features.schema import TraceArrays
-from predict.base import CompletedBatch, CompletionEstimator, RunningBatch
+from balanceroute.features.causal import CausalConfig
+from balanceroute.features.schema import TraceArrays
+from balanceroute.predict.base import CompletedBatch, CompletionEstimator, RunningBatch
 
 
 @dataclass(frozen=True, slots=True)

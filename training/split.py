@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from features.errors import UserError
-from features.split import time_split as split_by_time
+from balanceroute.features.errors import UserError
+from balanceroute.features.split import time_split as split_by_time
 
 MIN_TRAIN = 50
 MIN_TEST = 20

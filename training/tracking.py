@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from features.errors import UserError
+from balanceroute.features.errors import UserError
 
 DEFAULT_MODEL_NAME = "completion-predictor"
 DEFAULT_EXPERIMENT = "completion-predictors"

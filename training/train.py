@@ -19,13 +19,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from features.errors import UserError
-from features.workload import load_workload
-from predict.base import CompletionEstimator
-from predict.keys import AUTO_KEY, check_key_source, resolve_key_source
-from predict.registry import estimator_names, make_estimator
-from training.evaluate import evaluate_estimator, flat_metrics, make_holdout, progress, write_report
-from training.tracking import (
+from balanceroute.features.errors import UserError
+from balanceroute.features.workload import load_workload
+from balanceroute.predict.base import CompletionEstimator
+from balanceroute.predict.keys import AUTO_KEY, check_key_source, resolve_key_source
+from balanceroute.predict.registry import estimator_names, make_estimator
+from balanceroute.training.evaluate import (
+    evaluate_estimator,
+    flat_metrics,
+    make_holdout,
+    progress,
+    write_report,
+)
+from balanceroute.training.tracking import (
     DEFAULT_ESTIMATORS,
     DEFAULT_EXPERIMENT,
     DEFAULT_MODEL_NAME,
@@ -177,13 +183,13 @@ def log_to_mlflow(
     out_dir: Path,
 ) -> dict[str, Any]:
     """Log the run and register one model version per estimator; returns versions and aliases."""
-    from training.tracking import setup_mlflow
+    from balanceroute.training.tracking import setup_mlflow
 
     uri = setup_mlflow(cfg.experiment)
     import mlflow
     from mlflow import MlflowClient
 
-    from training.pyfunc import PIP_REQUIREMENTS, CompletionPyfunc, signature
+    from balanceroute.training.pyfunc import PIP_REQUIREMENTS, CompletionPyfunc, signature
 
     progress(f"logging to MLflow at {uri}")
     client = MlflowClient()

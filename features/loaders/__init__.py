@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from features.errors import TraceError, UserError
-from features.loaders import azure, burstgpt, canonical, mooncake
-from features.loaders.common import Sniff, TraceFormat, check_file, match_score, sniff
-from features.schema import validate_trace
+from balanceroute.features.errors import TraceError, UserError
+from balanceroute.features.loaders import azure, burstgpt, canonical, mooncake
+from balanceroute.features.loaders.common import Sniff, TraceFormat, check_file, match_score, sniff
+from balanceroute.features.schema import validate_trace
 
 FORMATS: dict[str, TraceFormat] = {
     f.name: f for f in (azure.FORMAT, mooncake.FORMAT, burstgpt.FORMAT, canonical.FORMAT)

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from features.errors import TraceError
-from features.loaders.common import (
+from balanceroute.features.errors import TraceError
+from balanceroute.features.loaders.common import (
     Sniff,
     TraceFormat,
     concat,
@@ -23,7 +23,7 @@ from features.loaders.common import (
     require_columns,
     since_first,
 )
-from features.schema import as_token_counts
+from balanceroute.features.schema import as_token_counts
 
 TIME, PROMPT, OUTPUT = "TIMESTAMP", "ContextTokens", "GeneratedTokens"
 

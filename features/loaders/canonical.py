@@ -15,8 +15,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from features.errors import TraceError
-from features.loaders.common import (
+from balanceroute.features.errors import TraceError
+from balanceroute.features.loaders.common import (
     CHUNK_ROWS,
     Sniff,
     TraceFormat,
@@ -25,7 +25,7 @@ from features.loaders.common import (
     iter_jsonl,
     require_columns,
 )
-from features.schema import REQUIRED_COLUMNS, as_seconds, as_token_counts
+from balanceroute.features.schema import REQUIRED_COLUMNS, as_seconds, as_token_counts
 
 TEXT_COLUMNS = ("request_id", "prompt_key")
 

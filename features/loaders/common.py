@@ -23,7 +23,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from features.errors import TraceError
+from balanceroute.features.errors import TraceError
 
 CHUNK_ROWS = 1_000_000
 # JSONL records are Python objects until a chunk is converted: small chunks keep the garbage

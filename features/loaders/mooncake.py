@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from features.errors import TraceError
-from features.loaders.common import Sniff, TraceFormat, concat, iter_jsonl, since_first
-from features.schema import as_seconds, as_token_counts
+from balanceroute.features.errors import TraceError
+from balanceroute.features.loaders.common import Sniff, TraceFormat, concat, iter_jsonl, since_first
+from balanceroute.features.schema import as_seconds, as_token_counts
 
 TIME, PROMPT, OUTPUT, HASHES = "timestamp", "input_length", "output_length", "hash_ids"
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from serving.routes import admin, health, metrics, models, observe, predict, route
+from balanceroute.serving.routes import admin, health, metrics, models, observe, predict, route
 
 ROUTERS = (
     health.router,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from serving.body import openapi_body
-from serving.decode import parse_json, validate
-from serving.deps import Authorized, StoreDep
-from serving.schemas import ReloadRequest, ReloadResponse
+from balanceroute.serving.body import openapi_body
+from balanceroute.serving.decode import parse_json, validate
+from balanceroute.serving.deps import Authorized, StoreDep
+from balanceroute.serving.schemas import ReloadRequest, ReloadResponse
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"], dependencies=[Authorized])
 

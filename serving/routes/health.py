@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from serving.deps import StoreDep
-from serving.schemas import StatusResponse
+from balanceroute.serving.deps import StoreDep
+from balanceroute.serving.schemas import StatusResponse
 
 router = APIRouter(tags=["probes"])
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from serving.deps import Authorized, MetricsDep
+from balanceroute.serving.deps import Authorized, MetricsDep
 
 router = APIRouter(tags=["metrics"], dependencies=[Authorized])
 

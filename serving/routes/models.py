@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from serving.deps import Authorized, StoreDep
-from serving.schemas import ModelsResponse
+from balanceroute.serving.deps import Authorized, StoreDep
+from balanceroute.serving.schemas import ModelsResponse
 
 router = APIRouter(prefix="/v1", tags=["models"], dependencies=[Authorized])
 

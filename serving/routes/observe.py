@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from serving.body import json_body, openapi_body
-from serving.decode import decode_observe
-from serving.deps import Authorized, services
-from serving.schemas import ObserveRequest, ObserveResponse
+from balanceroute.serving.body import json_body, openapi_body
+from balanceroute.serving.decode import decode_observe
+from balanceroute.serving.deps import Authorized, services
+from balanceroute.serving.schemas import ObserveRequest, ObserveResponse
 
 router = APIRouter(prefix="/v1", tags=["observe"], dependencies=[Authorized])
 

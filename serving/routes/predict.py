@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from serving import inference
-from serving.body import json_body, openapi_body
-from serving.decode import decode_predict
-from serving.deps import Authorized, field_error, select_model, services
-from serving.schemas import PredictRequest, PredictResponse
+from balanceroute.serving import inference
+from balanceroute.serving.body import json_body, openapi_body
+from balanceroute.serving.decode import decode_predict
+from balanceroute.serving.deps import Authorized, field_error, select_model, services
+from balanceroute.serving.schemas import PredictRequest, PredictResponse
 
 router = APIRouter(prefix="/v1", tags=["predict"], dependencies=[Authorized])
 

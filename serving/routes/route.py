@@ -10,15 +10,15 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, HTTPException, Request
 
-from predict.base import CompletionEstimator
-from serving.body import json_body, openapi_body
-from serving.decode import check_count, validate
-from serving.deps import Authorized, field_error, services
-from serving.models import LoadedModel, ModelStore, NotReady, UnknownModel
-from serving.schemas import RouteResponse
+from balanceroute.predict.base import CompletionEstimator
+from balanceroute.serving.body import json_body, openapi_body
+from balanceroute.serving.decode import check_count, validate
+from balanceroute.serving.deps import Authorized, field_error, services
+from balanceroute.serving.models import LoadedModel, ModelStore, NotReady, UnknownModel
+from balanceroute.serving.schemas import RouteResponse
 
 if TYPE_CHECKING:
-    from serving.route_schemas import RouteRequest
+    from balanceroute.serving.route_schemas import RouteRequest
 
 router = APIRouter(prefix="/v1", tags=["route"], dependencies=[Authorized])
 
@@ -41,7 +41,7 @@ def _model_for(
     req: RouteRequest, store: ModelStore, horizon: int
 ) -> tuple[LoadedModel | None, CompletionEstimator | None, str | None]:
     """(model, estimator, fallback reason): only policies that look ahead (H > 0) use one."""
-    from serving.snapshot import prediction_free
+    from balanceroute.serving.snapshot import prediction_free
 
     if horizon == 0:
         return None, None, None
@@ -61,7 +61,7 @@ def _decide(
     horizon: int,
 ) -> tuple[list[dict[str, Any]], dict[str, Any], LoadedModel | None, str | None]:
     """The decision with the model; if the model fails on this snapshot, the one without it."""
-    from serving.snapshot import DecisionError, InvalidOptions, decide, prediction_free
+    from balanceroute.serving.snapshot import DecisionError, InvalidOptions, decide, prediction_free
 
     try:
         return *decide(req, estimator), model, None
@@ -87,8 +87,8 @@ async def route(request: Request) -> RouteResponse:
     When the model cannot be used (not loaded yet, or it fails on this snapshot), they run on the
     ``none`` estimator and ``fallback`` says why: a routing call never fails for the model.
     """
-    from serving.route_schemas import RouteRequest
-    from serving.snapshot import DecisionError, InvalidOptions, lookahead
+    from balanceroute.serving.route_schemas import RouteRequest
+    from balanceroute.serving.snapshot import DecisionError, InvalidOptions, lookahead
 
     svc = services(request)
     data = await json_body(request)

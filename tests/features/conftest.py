@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import balanceroute
+from balanceroute.cli import main as balanceroute_main
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -41,7 +41,7 @@ def cli(capsys: pytest.CaptureFixture[str]) -> Callable[..., tuple[int, str, str
     """Run ``balanceroute`` in-process; returns (exit code, stdout, stderr)."""
 
     def _run(*argv: str) -> tuple[int, str, str]:
-        code = balanceroute.main(list(argv))
+        code = balanceroute_main(list(argv))
         out, err = capsys.readouterr()
         return code, out, err
 

@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 from trace_fixtures import AZURE_2023, BURSTGPT, MOONCAKE
 
-from features.errors import TraceError
-from features.loaders import load_trace
+from balanceroute.features.errors import TraceError
+from balanceroute.features.loaders import load_trace
 
 AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 CANONICAL_HEADER = "arrival_s,prompt_tokens,output_tokens\n"

@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 from trace_fixtures import AZURE_2023, AZURE_2024, BURSTGPT, CANONICAL_CSV, MOONCAKE
 
-from features.errors import DroppedRowsWarning, UserError
-from features.loaders import detect_format, format_names, load_trace
-from features.schema import CANONICAL_COLUMNS, validate_trace
+from balanceroute.features.errors import DroppedRowsWarning, UserError
+from balanceroute.features.loaders import detect_format, format_names, load_trace
+from balanceroute.features.schema import CANONICAL_COLUMNS, validate_trace
 
 
 def test_azure_2023_layout_keeps_100ns_digits(write):
@@ -160,8 +160,8 @@ def test_bad_options_are_user_errors(write):
 
 
 def test_chunked_reads_keep_file_rows(write, monkeypatch):
-    monkeypatch.setattr("features.loaders.common.CHUNK_ROWS", 2)
-    monkeypatch.setattr("features.loaders.common.JSONL_CHUNK_ROWS", 2)
+    monkeypatch.setattr("balanceroute.features.loaders.common.CHUNK_ROWS", 2)
+    monkeypatch.setattr("balanceroute.features.loaders.common.JSONL_CHUNK_ROWS", 2)
     rows = "".join(f"2023-11-16 18:15:{i:02d}.0,{i + 1},1\n" for i in range(7))
     path = write("a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows + "x,1,1\n")
     with pytest.raises(UserError, match=r"row 8, field 'TIMESTAMP'"):

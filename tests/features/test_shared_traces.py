@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from features.loaders import detect_format, load_trace
-from features.stats import trace_stats
+from balanceroute.features.loaders import detect_format, load_trace
+from balanceroute.features.stats import trace_stats
 
 
 def test_azure_2023_conversation(shared_data):

@@ -8,10 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from features.errors import UserError
-from features.schema import validate_trace
-from features.stats import trace_stats
-from features.synthetic import PRESETS, generate, get_preset, preset_names
+from balanceroute.features.errors import UserError
+from balanceroute.features.schema import validate_trace
+from balanceroute.features.stats import trace_stats
+from balanceroute.features.synthetic import PRESETS, generate, get_preset, preset_names
 
 N = 50_000
 # preset -> (prompt mean, output mean) targets

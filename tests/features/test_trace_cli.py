@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 from trace_fixtures import BURSTGPT, MOONCAKE
 
-from features.loaders import load_trace
-from features.synthetic import generate
+from balanceroute.features.loaders import load_trace
+from balanceroute.features.synthetic import generate
 
 
 def test_synth_writes_the_seeded_preset(tmp_path, cli):

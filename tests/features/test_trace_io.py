@@ -5,12 +5,12 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from features import trace_io
-from features.errors import UserError
-from features.loaders import load_trace
-from features.schema import validate_trace
-from features.synthetic import generate
-from features.trace_io import write_trace
+from balanceroute.features import trace_io
+from balanceroute.features.errors import UserError
+from balanceroute.features.loaders import load_trace
+from balanceroute.features.schema import validate_trace
+from balanceroute.features.synthetic import generate
+from balanceroute.features.trace_io import write_trace
 
 
 def _awkward() -> pd.DataFrame:

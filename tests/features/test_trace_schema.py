@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from features.errors import TraceError
-from features.schema import as_seconds, as_token_counts, to_arrays, validate_trace
+from balanceroute.features.errors import TraceError
+from balanceroute.features.schema import as_seconds, as_token_counts, to_arrays, validate_trace
 
 
 def test_token_counts_name_the_file_row():

@@ -8,10 +8,10 @@ import pandas as pd
 import pytest
 from trace_fixtures import MOONCAKE
 
-from features.digest import file_sha256
-from features.errors import UserError
-from features.synthetic import generate
-from features.workload import load_workload
+from balanceroute.features.digest import file_sha256
+from balanceroute.features.errors import UserError
+from balanceroute.features.synthetic import generate
+from balanceroute.features.workload import load_workload
 
 
 def test_defaults_to_ten_thousand_paper_prod_requests():

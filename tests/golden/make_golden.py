@@ -62,7 +62,7 @@ SNAPSHOTS = 150
 
 def snapshots(trace) -> dict[str, np.ndarray]:
     """Fixed (prompt, age, key) rows drawn from the trace, plus completions to observe."""
-    from features.schema import to_arrays
+    from balanceroute.features.schema import to_arrays
 
     arrays = to_arrays(trace)
     rng = np.random.default_rng(11)
@@ -172,9 +172,9 @@ def record_service(snap: dict[str, np.ndarray], module: list[str]) -> list[dict]
 
 def main() -> None:
     sys.path.insert(0, str(ROOT))
-    from features.synthetic import generate
-    from predict.base import CompletedBatch, RunningBatch
-    from predict.registry import make_estimator
+    from balanceroute.features.synthetic import generate
+    from balanceroute.predict.base import CompletedBatch, RunningBatch
+    from balanceroute.predict.registry import make_estimator
 
     out = HERE / "models"
     out.mkdir(parents=True, exist_ok=True)
@@ -201,7 +201,7 @@ def main() -> None:
 
     answers = record_service(snap, ["serving"])
     (HERE / "service.json").write_text(json.dumps(answers, indent=1) + "\n")
-    cli = [sys.executable, "-m", "balanceroute"]
+    cli = [sys.executable, "-m", "balanceroute.cli"]
     subprocess.run([*cli, *AB_ARGS, "--out", str(HERE / "ab")], check=True, cwd=ROOT)
     for name in ("report.md", "trajectories.png", "imbalance_distribution.png", "scaling.png"):
         (HERE / "ab" / name).unlink(missing_ok=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from features.synthetic import generate
+from balanceroute.features.synthetic import generate
 
 HORIZON = 16
 FAST_PARAMS = {"gbdt": {"n_estimators": 15, "min_data_in_leaf": 20, "num_threads": 1}}

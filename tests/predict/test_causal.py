@@ -5,9 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from features.causal import CausalConfig, OnlineHistory, trace_snapshot_features, training_rows
-from features.schema import TraceArrays, to_arrays
-from features.synthetic import generate
+from balanceroute.features.causal import (
+    CausalConfig,
+    OnlineHistory,
+    trace_snapshot_features,
+    training_rows,
+)
+from balanceroute.features.schema import TraceArrays, to_arrays
+from balanceroute.features.synthetic import generate
 
 CFG = CausalConfig(
     window=300,

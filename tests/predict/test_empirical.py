@@ -6,11 +6,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from features.errors import UserError
-from features.synthetic import generate
-from predict.base import CompletedBatch, RunningBatch
-from predict.exactmatch import ExactMatchEstimator
-from predict.survival import SurvivalEstimator
+from balanceroute.features.errors import UserError
+from balanceroute.features.synthetic import generate
+from balanceroute.predict.base import CompletedBatch, RunningBatch
+from balanceroute.predict.exactmatch import ExactMatchEstimator
+from balanceroute.predict.survival import SurvivalEstimator
 
 
 def _trace(prompts, outputs, keys=None) -> pd.DataFrame:
@@ -80,7 +80,7 @@ def test_observe_window_is_bounded_and_matches_refit():
     window = 50
     online = ExactMatchEstimator(horizon=10, key="hash", window=window).fit(trace.iloc[:100])
     rest = trace.iloc[100:]
-    from features.schema import to_arrays
+    from balanceroute.features.schema import to_arrays
 
     a = to_arrays(rest)
     for lo in range(0, a.size, 37):
@@ -98,7 +98,7 @@ def test_observe_window_is_bounded_and_matches_refit():
 
 def _replayed_counts(keys, out, upto, window):
     """KeyedCounts and SlidingWindow fed the first ``upto`` completions in uneven batches."""
-    from predict.empirical import KeyedCounts, SlidingWindow
+    from balanceroute.predict.empirical import KeyedCounts, SlidingWindow
 
     keyed, ring = KeyedCounts(), SlidingWindow(window)
     for lo in range(0, upto, 37):
@@ -111,7 +111,7 @@ def _replayed_counts(keys, out, upto, window):
 
 def test_asof_key_terms_match_the_online_counts_at_every_point():
     """The offline as-of sweep answers each query as KeyedCounts would at that point in time."""
-    from predict.empirical import asof_key_terms
+    from balanceroute.predict.empirical import asof_key_terms
 
     rng = np.random.default_rng(0)
     n, window, horizon = 900, 250, 16

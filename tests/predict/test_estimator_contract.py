@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from features.schema import to_arrays
-from predict.base import NotFittedError, RunningBatch, from_survival
-from predict.registry import estimator_names, make_estimator
+from balanceroute.features.schema import to_arrays
+from balanceroute.predict.base import NotFittedError, RunningBatch, from_survival
+from balanceroute.predict.registry import estimator_names, make_estimator
 from tests.predict.conftest import FAST_PARAMS, HORIZON
 
 NAMES = estimator_names()

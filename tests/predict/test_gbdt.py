@@ -9,10 +9,14 @@ import lightgbm as lgb
 import numpy as np
 import pytest
 
-from features.schema import to_arrays
-from predict.base import CompletedBatch, RunningBatch
-from predict.calibration import OnlineRecalibrator, expected_calibration_error, fit_platt
-from predict.gbdt import Forest, GBDTEstimator
+from balanceroute.features.schema import to_arrays
+from balanceroute.predict.base import CompletedBatch, RunningBatch
+from balanceroute.predict.calibration import (
+    OnlineRecalibrator,
+    expected_calibration_error,
+    fit_platt,
+)
+from balanceroute.predict.gbdt import Forest, GBDTEstimator
 from tests.predict.conftest import FAST_PARAMS, HORIZON
 
 
@@ -85,7 +89,7 @@ def test_online_recalibrator_is_bounded_and_follows_drift():
 
 
 def test_ece_lives_in_predict_and_training_reexports_it():
-    from training.metrics import expected_calibration_error as from_training
+    from balanceroute.training.metrics import expected_calibration_error as from_training
 
     assert from_training is expected_calibration_error
 
@@ -125,7 +129,7 @@ def test_saved_model_keeps_lightgbm_text_and_loads_without_lightgbm(small_trace,
     path = est.save(tmp_path / "gbdt.joblib")
     code = (
         "import sys, numpy as np\n"
-        "from predict.base import CompletionEstimator, RunningBatch\n"
+        "from balanceroute.predict.base import CompletionEstimator, RunningBatch\n"
         f"est = CompletionEstimator.load({str(path)!r})\n"
         "p = est.predict(RunningBatch(np.array([100, 900]), np.array([0, 7]), None))\n"
         "assert p.p_finish.shape == (2,)\n"
@@ -144,7 +148,7 @@ def test_saved_model_keeps_lightgbm_text_and_loads_without_lightgbm(small_trace,
 @pytest.mark.parametrize("curve", ["marginal", "key", "geometric"])
 def test_every_curve_is_a_survival_curve_consistent_with_p_and_c(small_trace, curve):
     """Whatever the shape, the curves start at 1, never rise, and give back p and c."""
-    from predict.base import from_survival
+    from balanceroute.predict.base import from_survival
 
     est = GBDTEstimator(horizon=HORIZON, curve=curve, **FAST_PARAMS["gbdt"])
     est.fit(small_trace.iloc[:400])
@@ -163,7 +167,7 @@ def test_every_curve_is_a_survival_curve_consistent_with_p_and_c(small_trace, cu
 
 
 def test_unknown_curve_is_a_clear_error():
-    from features.errors import UserError
+    from balanceroute.features.errors import UserError
 
     with pytest.raises(UserError, match="unknown curve 'wiggly'; known: geometric, marginal, key"):
         GBDTEstimator(curve="wiggly")

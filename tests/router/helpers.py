@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from features.schema import to_arrays, validate_trace
-from router.prefill import PrefillConfig, ReleasedRequests, release
+from balanceroute.features.schema import to_arrays, validate_trace
+from balanceroute.router.prefill import PrefillConfig, ReleasedRequests, release
 
 
 def frame(prompts, outputs, arrivals=None, keys=None) -> pd.DataFrame:

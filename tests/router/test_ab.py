@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-import balanceroute
-from features.errors import UserError
-from router.ab import ABConfig, aggregate, run_ab
-from router.arms import parse_arm, parse_arms
+from balanceroute.cli import main as balanceroute_main
+from balanceroute.features.errors import UserError
+from balanceroute.router.ab import ABConfig, aggregate, run_ab
+from balanceroute.router.arms import parse_arm, parse_arms
 
 ARMS = "count-jsq,token-jsq,br0,brh:none,brh:survival,brh:oracle{gamma=0.9;beta=20}"
 
@@ -20,7 +20,7 @@ def ab_run(tmp_path_factory):
     db = out / "mlflow.db"
     mp = pytest.MonkeyPatch()
     mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
-    code = balanceroute.main(
+    code = balanceroute_main(
         [
             "ab",
             "--preset",
@@ -99,7 +99,7 @@ def test_mlflow_parent_and_child_runs(ab_run):
 
 
 def test_results_do_not_depend_on_jobs():
-    from features.synthetic import generate
+    from balanceroute.features.synthetic import generate
 
     frame = generate("azure-conv", 800, seed=3)
     cfg = ABConfig(
@@ -118,7 +118,7 @@ def test_results_do_not_depend_on_jobs():
 def test_dask_backend_gives_the_same_results():
     from distributed import LocalCluster
 
-    from features.synthetic import generate
+    from balanceroute.features.synthetic import generate
 
     frame = generate("azure-conv", 600, seed=4)
     cfg = ABConfig(
@@ -154,7 +154,7 @@ def test_bad_arm_strings_are_clear_errors(text, needle):
 
 
 def test_bad_arm_on_the_command_line_exits_2(capsys, tmp_path):
-    code = balanceroute.main(
+    code = balanceroute_main(
         [
             "ab",
             "--preset",

@@ -7,18 +7,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from predict.oracle import OracleEstimator
-from predict.projection import (
+from balanceroute.predict.oracle import OracleEstimator
+from balanceroute.predict.projection import (
     LoadProjection,
     cutoff_survival,
     request_paths,
 )
-from router.balance_route import BalanceRouteConfig, BR0Policy, BRHPolicy
-from router.kernels import br_step
-from router.policy import RunContext
-from router.scoring import discount_weights
-from router.simulator import SimConfig, simulate
-from router.state import ArrayPool, RequestTable, RouterState, RunningRequests
+from balanceroute.router.balance_route import BalanceRouteConfig, BR0Policy, BRHPolicy
+from balanceroute.router.kernels import br_step
+from balanceroute.router.policy import RunContext
+from balanceroute.router.scoring import discount_weights
+from balanceroute.router.simulator import SimConfig, simulate
+from balanceroute.router.state import ArrayPool, RequestTable, RouterState, RunningRequests
 from tests.router.helpers import frame, released
 from tests.router.reference_br import reference_step
 
@@ -223,7 +223,7 @@ def test_projection_view_counts_new_admissions_as_growing():
 
 
 def test_config_rejects_bad_values_and_unknown_options():
-    from features.errors import UserError
+    from balanceroute.features.errors import UserError
 
     with pytest.raises(UserError, match="gamma"):
         BalanceRouteConfig(gamma=1.5)
@@ -233,12 +233,12 @@ def test_config_rejects_bad_values_and_unknown_options():
 
 def test_auto_projection_is_each_estimators_own():
     """auto: survival curves for the learned estimators, cutoffs for point predictions."""
-    from predict.exactmatch import ExactMatchEstimator
-    from predict.gbdt import GBDTEstimator
-    from predict.no_prediction import NoPrediction
-    from predict.noisy_oracle import NoisyOracleEstimator
-    from predict.survival import SurvivalEstimator
-    from router.balance_route import resolve_projection
+    from balanceroute.predict.exactmatch import ExactMatchEstimator
+    from balanceroute.predict.gbdt import GBDTEstimator
+    from balanceroute.predict.no_prediction import NoPrediction
+    from balanceroute.predict.noisy_oracle import NoisyOracleEstimator
+    from balanceroute.predict.survival import SurvivalEstimator
+    from balanceroute.router.balance_route import resolve_projection
 
     for cls in (SurvivalEstimator, ExactMatchEstimator, GBDTEstimator):
         assert resolve_projection("auto", cls()) == "expected", cls.name
@@ -250,7 +250,7 @@ def test_auto_projection_is_each_estimators_own():
 
 def test_auto_projection_replays_like_the_explicit_one():
     """brh with a learned estimator under auto makes the decisions of projection=expected."""
-    from predict.survival import SurvivalEstimator
+    from balanceroute.predict.survival import SurvivalEstimator
 
     rng = np.random.default_rng(4)
     prompts, outputs = rng.integers(50, 3000, 400), rng.integers(1, 300, 400)

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.exact import ExactPolicy, solve_step, step_objective
-from router.simulator import SimConfig, simulate
+from balanceroute.router.exact import ExactPolicy, solve_step, step_objective
+from balanceroute.router.simulator import SimConfig, simulate
 from tests.router.helpers import occupancy, released
 
 
@@ -87,7 +87,7 @@ def test_exact_policy_is_maximal_and_within_capacity():
 
 def test_single_admission_fast_path_matches_the_milp():
     rng = np.random.default_rng(4)
-    from router.exact import best_single
+    from balanceroute.router.exact import best_single
 
     for _ in range(30):
         loads = rng.integers(0, 5000, 4).astype(float)
@@ -108,7 +108,7 @@ def test_single_admission_fast_path_matches_the_milp():
 def test_solve_step_command_reports_heuristic_and_exact(tmp_path, capsys):
     import json
 
-    import balanceroute
+    from balanceroute.cli import main as balanceroute_main
 
     state = {
         "policy": "br0",
@@ -121,10 +121,10 @@ def test_solve_step_command_reports_heuristic_and_exact(tmp_path, capsys):
     }
     path = tmp_path / "state.json"
     path.write_text(json.dumps(state))
-    assert balanceroute.main(["solve-step", "--state", str(path)]) == 0
+    assert balanceroute_main(["solve-step", "--state", str(path)]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["exact"]["proven_optimal"]
     assert out["heuristic"]["objective"] >= out["exact"]["objective"] - 1e-9
     assert len(out["exact"]["admissions"]) == 3
     path.write_text('{"policy": "br0", "workers": [], "pool": []}')
-    assert balanceroute.main(["solve-step", "--state", str(path)]) == 2
+    assert balanceroute_main(["solve-step", "--state", str(path)]) == 2

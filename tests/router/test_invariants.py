@@ -8,9 +8,9 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from predict.oracle import OracleEstimator
-from router.policy import policy_class, policy_names
-from router.simulator import SimConfig, simulate
+from balanceroute.predict.oracle import OracleEstimator
+from balanceroute.router.policy import policy_class, policy_names
+from balanceroute.router.simulator import SimConfig, simulate
 from tests.router.helpers import frame, occupancy, released
 
 BR_VARIANTS = [

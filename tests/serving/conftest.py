@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 from service_helpers import Server
 
-from features.schema import hash_keys
-from features.synthetic import generate
-from predict.registry import make_estimator
+from balanceroute.features.schema import hash_keys
+from balanceroute.features.synthetic import generate
+from balanceroute.predict.registry import make_estimator
 
 SMALL_PARAMS = {
     "survival": {},

@@ -15,7 +15,7 @@ import httpx
 import numpy as np
 import orjson
 
-from predict.base import CompletionEstimator
+from balanceroute.predict.base import CompletionEstimator
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "test-token-0123456789abcdef"
@@ -51,11 +51,11 @@ class Server:
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("BALANCEROUTE_")}
         full_env.update({"MLFLOW_DISABLE_TELEMETRY": "true", **(env or {})})
         if via_cli:
-            args = [sys.executable, "-m", "balanceroute", "serve", "--model-uri", model_uri]
+            args = [sys.executable, "-m", "balanceroute.cli", "serve", "--model-uri", model_uri]
             args += ["--model-uri-b", model_uri_b] if model_uri_b else []
             args += ["--port", str(self.port)]
         else:
-            args = [sys.executable, "-m", "serving"]
+            args = [sys.executable, "-m", "balanceroute.serving"]
             full_env["BALANCEROUTE_MODEL_URI"] = model_uri
             full_env["BALANCEROUTE_PORT"] = str(self.port)
             if model_uri_b:

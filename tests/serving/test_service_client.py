@@ -15,9 +15,9 @@ import orjson
 import pytest
 from service_helpers import free_port
 
-from predict.base import CompletedBatch, CompletionEstimator, Prediction, RunningBatch
-from predict.no_prediction import NoPrediction
-from serving.client import RemoteEstimator
+from balanceroute.predict.base import CompletedBatch, CompletionEstimator, Prediction, RunningBatch
+from balanceroute.predict.no_prediction import NoPrediction
+from balanceroute.serving.client import RemoteEstimator
 
 H = 80
 

@@ -10,7 +10,7 @@ import orjson
 import pytest
 from service_helpers import Server, load_model, post, random_running
 
-from predict.base import CompletedBatch, RunningBatch
+from balanceroute.predict.base import CompletedBatch, RunningBatch
 
 pytestmark = pytest.mark.server
 SERVER_ARMS = ("gbdt", "exactmatch")
@@ -84,7 +84,7 @@ def test_observe_feeds_every_arm_like_in_process(
 def test_string_keys_are_hashed_like_the_trace_loaders(
     module_server: Server, mirrors: dict, history
 ) -> None:
-    from features.schema import hash_keys
+    from balanceroute.features.schema import hash_keys
 
     raw = history["prompt_key"].head(20).tolist()
     rows = [{"id": j, "prompt_tokens": 500, "age": 3, "prompt_key": k} for j, k in enumerate(raw)]

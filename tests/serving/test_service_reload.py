@@ -105,7 +105,7 @@ def _train(tmp_path: Path) -> dict[str, str]:
     args = [
         sys.executable,
         "-m",
-        "balanceroute",
+        "balanceroute.cli",
         "train",
         "--requests",
         "600",
@@ -121,7 +121,7 @@ def _train(tmp_path: Path) -> dict[str, str]:
 
 @pytest.mark.slow
 def test_registry_aliases_resolve_and_reload_follows_the_alias(start_server, tmp_path) -> None:
-    pytest.importorskip("training.registry")
+    pytest.importorskip("balanceroute.training.registry")
     env = _train(tmp_path)
     server = start_server(
         "models:/completion-predictor@survival",

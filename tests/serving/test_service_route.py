@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from service_helpers import Server, load_model, post
 
-from router.balance_route import takes_estimator, takes_options
-from router.policy import RunContext, policy_class, policy_names
-from router.state import ArrayPool, RequestTable, RouterState, RunningRequests
+from balanceroute.router.balance_route import takes_estimator, takes_options
+from balanceroute.router.policy import RunContext, policy_class, policy_names
+from balanceroute.router.state import ArrayPool, RequestTable, RouterState, RunningRequests
 
 pytestmark = pytest.mark.server
 SERVER_ARMS = ("exactmatch", "survival")

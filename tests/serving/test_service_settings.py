@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-import balanceroute
-from features.errors import UserError
-from serving.app import create_app
-from serving.settings import ServeSettings
-from serving.sources import check_uri
+from balanceroute.cli import main as balanceroute_main
+from balanceroute.features.errors import UserError
+from balanceroute.serving.app import create_app
+from balanceroute.serving.settings import ServeSettings
+from balanceroute.serving.sources import check_uri
 
 
 def test_defaults_listen_on_loopback_without_a_token(monkeypatch) -> None:
@@ -75,9 +75,9 @@ def test_supported_uris_pass(tmp_path: Path) -> None:
 
 def test_serve_reports_bad_configuration_in_one_line(monkeypatch, capsys) -> None:
     monkeypatch.delenv("BALANCEROUTE_MODEL_URI", raising=False)
-    assert balanceroute.main(["serve", "--model-uri", "/nowhere/m.joblib"]) == 2
+    assert balanceroute_main(["serve", "--model-uri", "/nowhere/m.joblib"]) == 2
     assert "does not exist" in capsys.readouterr().err
-    assert balanceroute.main(["serve"]) == 2
+    assert balanceroute_main(["serve"]) == 2
     assert "model_uri" in capsys.readouterr().err
 
 
@@ -107,8 +107,8 @@ def test_the_openapi_document_describes_the_self_decoded_bodies() -> None:
 def test_route_options_follow_the_router_configuration() -> None:
     import dataclasses
 
-    from router.balance_route import BalanceRouteConfig
-    from serving.route_schemas import BalanceRouteOptions
+    from balanceroute.router.balance_route import BalanceRouteConfig
+    from balanceroute.serving.route_schemas import BalanceRouteOptions
 
     names = {f.name for f in dataclasses.fields(BalanceRouteConfig)}
     assert set(BalanceRouteOptions.model_fields) == names

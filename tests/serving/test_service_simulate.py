@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from service_helpers import load_model
 
-import balanceroute
-from features.synthetic import generate
-from router.runner import ReplaySpec, replay
-from serving.client import RemoteEstimator
+from balanceroute.cli import main as balanceroute_main
+from balanceroute.features.synthetic import generate
+from balanceroute.router.runner import ReplaySpec, replay
+from balanceroute.serving.client import RemoteEstimator
 
 pytestmark = pytest.mark.server
 SIM = [
@@ -43,9 +43,9 @@ def test_simulate_through_the_service_matches_the_in_process_run(
     server = start_server(model)
     remote_out, local_out = tmp_path / "remote", tmp_path / "local"
     remote_args = ["--predictor-url", server.url, "--predictor-timeout", "5"]
-    assert balanceroute.main(["simulate", *SIM, *remote_args, "--out", str(remote_out)]) == 0
+    assert balanceroute_main(["simulate", *SIM, *remote_args, "--out", str(remote_out)]) == 0
     local_args = ["--predictor", "exactmatch", "--model-uri", model]
-    assert balanceroute.main(["simulate", *SIM, *local_args, "--out", str(local_out)]) == 0
+    assert balanceroute_main(["simulate", *SIM, *local_args, "--out", str(local_out)]) == 0
     remote, local = _summary(remote_out), _summary(local_out)
     assert remote["remote_fallbacks"] == 0 and remote["remote_calls"] > 50
     assert remote["remote_errors_by_kind"] == {}

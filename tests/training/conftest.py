@@ -6,15 +6,15 @@ import socket
 
 import pytest
 
-import balanceroute
+from balanceroute.cli import main as balanceroute_main
 
 PRESET_ARGS = ["--preset", "azure-conv", "--requests", "900", "--seed", "1"]
 
 
 def run_cli(args: list[str]) -> int:
-    """``balanceroute.main(args)``, turning argparse exits into return codes."""
+    """``balanceroute_main(args)``, turning argparse exits into return codes."""
     try:
-        return balanceroute.main(args)
+        return balanceroute_main(args)
     except SystemExit as exc:
         return int(exc.code or 0)
 

@@ -6,10 +6,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from features.errors import UserError
-from training.metrics import expected_calibration_error, score, score_by_age
-from training.snapshots import holdout_snapshots
-from training.split import time_split
+from balanceroute.features.errors import UserError
+from balanceroute.training.metrics import expected_calibration_error, score, score_by_age
+from balanceroute.training.snapshots import holdout_snapshots
+from balanceroute.training.split import time_split
 
 
 def test_score_known_values():

@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
-from predict.base import CompletionEstimator, RunningBatch
+from balanceroute.predict.base import CompletionEstimator, RunningBatch
+from balanceroute.training.registry import load_estimator
 from tests.training.conftest import PRESET_ARGS, free_port, run_cli
-from training.registry import load_estimator
 
 MODEL = "completion-predictor"
 

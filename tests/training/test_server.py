@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
+from balanceroute.training.registry import load_estimator
 from tests.training.conftest import PRESET_ARGS, free_port, run_cli
-from training.registry import load_estimator
 
 pytestmark = pytest.mark.server
 

@@ -6,8 +6,12 @@ import argparse
 import json
 from pathlib import Path
 
-from predict.keys import AUTO_KEY, KEY_SOURCES
-from training.tracking import DEFAULT_ESTIMATORS, DEFAULT_EXPERIMENT, DEFAULT_MODEL_NAME
+from balanceroute.predict.keys import AUTO_KEY, KEY_SOURCES
+from balanceroute.training.tracking import (
+    DEFAULT_ESTIMATORS,
+    DEFAULT_EXPERIMENT,
+    DEFAULT_MODEL_NAME,
+)
 
 
 def _positive(text: str) -> int:
@@ -81,7 +85,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from training.train import TrainConfig, run_train
+    from balanceroute.training.train import TrainConfig, run_train
 
     cfg = TrainConfig(
         trace=args.trace,
@@ -108,7 +112,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from training.evaluate_cli import run_evaluate
+    from balanceroute.training.evaluate_cli import run_evaluate
 
     metrics = run_evaluate(
         trace=args.trace,

@@ -9,12 +9,12 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from features.loaders import AUTO, FORMATS, detect_format, load_trace
-from features.split import time_split
-from features.stats import trace_stats
-from features.synthetic import PRESETS, generate
-from features.trace_io import write_trace
-from features.workload import DEFAULT_PRESET, DEFAULT_REQUESTS
+from balanceroute.features.loaders import AUTO, FORMATS, detect_format, load_trace
+from balanceroute.features.split import time_split
+from balanceroute.features.stats import trace_stats
+from balanceroute.features.synthetic import PRESETS, generate
+from balanceroute.features.trace_io import write_trace
+from balanceroute.features.workload import DEFAULT_PRESET, DEFAULT_REQUESTS
 
 
 def _positive(text: str) -> int:

@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from features.errors import UserError
-from router.balance_route import BalanceRouteConfig
-from router.cost import COST_PRESETS, CostModel, cost_preset
-from router.prefill import PrefillConfig
+from balanceroute.features.errors import UserError
+from balanceroute.router.balance_route import BalanceRouteConfig
+from balanceroute.router.cost import COST_PRESETS, CostModel, cost_preset
+from balanceroute.router.prefill import PrefillConfig
 
 DEFAULT_TRAIN_FRACTION = 0.3
 
@@ -135,9 +135,15 @@ def _jsonable(obj: Any) -> Any:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from features.workload import load_workload
-    from router.records import write_records
-    from router.runner import TRAINING_FREE, ReplaySpec, build_estimator, replay, split_for_training
+    from balanceroute.features.workload import load_workload
+    from balanceroute.router.records import write_records
+    from balanceroute.router.runner import (
+        TRAINING_FREE,
+        ReplaySpec,
+        build_estimator,
+        replay,
+        split_for_training,
+    )
 
     if args.workers < 1 or args.slots < 1:
         raise UserError("--workers and --slots must be at least 1")
@@ -150,7 +156,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         key_blocks=args.key_blocks,
     )
     predictor = args.predictor
-    from router.balance_route import takes_estimator
+    from balanceroute.router.balance_route import takes_estimator
 
     if takes_estimator(args.router) and predictor is None:
         predictor = "none"
@@ -187,7 +193,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             model_uri=args.model_uri,
         )
     if args.predictor_url:
-        from serving.client import RemoteEstimator
+        from balanceroute.serving.client import RemoteEstimator
 
         estimator = RemoteEstimator(
             args.predictor_url, fallback=estimator, timeout_s=args.predictor_timeout
@@ -221,10 +227,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def cmd_ab(args: argparse.Namespace) -> int:
     import time
 
-    from features.workload import load_workload
-    from router import plots, report
-    from router.ab import ABConfig, aggregate, progress_printer, run_ab
-    from router.arms import parse_arms
+    from balanceroute.features.workload import load_workload
+    from balanceroute.router import plots, report
+    from balanceroute.router.ab import ABConfig, aggregate, progress_printer, run_ab
+    from balanceroute.router.arms import parse_arms
 
     started = time.perf_counter()
     arms = tuple(parse_arms(args.arms))
@@ -314,7 +320,7 @@ def cmd_ab(args: argparse.Namespace) -> int:
     tmp.write_text(report.render(summary))
     tmp.replace(out / "report.md")
     if not args.no_mlflow:
-        from router.ab_tracking import log_ab
+        from balanceroute.router.ab_tracking import log_ab
 
         try:
             run_id = log_ab(summary, raw, cfg, out, meta)
@@ -336,9 +342,9 @@ def cmd_solve_step(args: argparse.Namespace) -> int:
     """Exact IO_H on one posted state, beside the heuristic's decision on the same state."""
     from pydantic import ValidationError
 
-    from router.exact import solve_step, step_objective
-    from serving.route_schemas import RouteRequest
-    from serving.snapshot import build_snapshot, make_policy
+    from balanceroute.router.exact import solve_step, step_objective
+    from balanceroute.serving.route_schemas import RouteRequest
+    from balanceroute.serving.snapshot import build_snapshot, make_policy
 
     try:
         req = RouteRequest.model_validate_json(Path(args.state).read_bytes())
@@ -350,7 +356,7 @@ def cmd_solve_step(args: argparse.Namespace) -> int:
         raise UserError(f"{args.state}: {where}: {first['msg']}") from None
     estimator = None
     if args.model_uri:
-        from training.registry import load_estimator
+        from balanceroute.training.registry import load_estimator
 
         estimator = load_estimator(args.model_uri)
     snap = build_snapshot(req)
@@ -412,7 +418,7 @@ def _describe(source: dict) -> str:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from router.policy import policy_names
+    from balanceroute.router.policy import policy_names
 
     p = sub.add_parser(
         "simulate",

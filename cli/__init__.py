@@ -12,7 +12,12 @@ import os
 import sys
 from collections.abc import Sequence
 
-COMMAND_MODULES = ("features.cli", "router.cli", "training.cli", "serving.cli")
+COMMAND_MODULES = (
+    "balanceroute.cli.trace",
+    "balanceroute.cli.router_commands",
+    "balanceroute.cli.train",
+    "balanceroute.cli.serve",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    from features.errors import UserError
+    from balanceroute.features.errors import UserError
 
     parser = build_parser()
     args = parser.parse_args(argv)

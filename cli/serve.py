@@ -1,7 +1,7 @@
 """``balanceroute serve``: the prediction and routing service under uvicorn.
 
 The command checks its configuration, then replaces itself (``exec``, same pid) with a fresh
-``python -m serving`` that imports only what serving needs: building the root CLI has already
+``python -m balanceroute.serving`` that imports only what serving needs: building the root CLI has already
 imported every other subcommand's dependencies (plotting, the MILP solver, ...), about 30 MB the
 server would otherwise carry for its whole life.
 """
@@ -11,55 +11,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import TYPE_CHECKING
 
-from features.errors import UserError
-
-if TYPE_CHECKING:
-    from serving.settings import ServeSettings
+from balanceroute.serving.server import load_settings
+from balanceroute.serving.sources import check_uri
 
 FLAGS = ("model_uri", "model_uri_b", "host", "port", "log_level")
 
 
-def load_settings(overrides: dict[str, object] | None = None) -> ServeSettings:
-    """Settings from ``BALANCEROUTE_*`` and ``overrides``; invalid ones are one-line UserErrors."""
-    from pydantic import ValidationError
-
-    from serving.settings import ServeSettings
-
-    given = {k: v for k, v in (overrides or {}).items() if v is not None}
-    try:
-        return ServeSettings(**given)
-    except ValidationError as exc:
-        raise UserError(
-            "; ".join(
-                f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in exc.errors()
-            )
-        ) from None
-
-
-def run_server(settings: ServeSettings) -> None:
-    """Serve until stopped (models load in the background; see /readyz)."""
-    import logging
-
-    import uvicorn
-
-    from serving.app import create_app
-
-    logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s:  %(message)s")
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        access_log=settings.access_log,
-    )
-
-
 def cmd_serve(args: argparse.Namespace) -> int:
     """Check the configuration here (errors exit 2), then exec the lean server process."""
-    from serving.sources import check_uri
-
     flags = {k: getattr(args, k) for k in FLAGS}
     settings = load_settings(flags)
     for uri in settings.uris().values():
@@ -69,7 +29,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     env.setdefault("OMP_NUM_THREADS", "1")
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, "-m", "serving"], env)
+    os.execve(sys.executable, [sys.executable, "-m", "balanceroute.serving"], env)
     return 0  # pragma: no cover - exec does not return
 
 

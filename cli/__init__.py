@@ -1,7 +1,9 @@
-"""The ``balanceroute`` command: one CLI, a subcommand group per package.
+"""The ``balanceroute`` command: one CLI, one module per command.
 
-Each package contributes its subcommands through ``<package>/cli.py:register(subparsers)``;
-this module only assembles them and turns user errors into one line and exit code 2.
+Each command module (``balanceroute.cli.<command>``) parses its flags, calls one library
+function and prints. Only the module of the command being run is imported, so ``balanceroute
+trace inspect`` does not pay for MLflow or the web server. User errors are one line on stderr
+and exit code 2 (3 for a tracking outage); nothing prints a traceback for bad input.
 """
 
 from __future__ import annotations
@@ -12,37 +14,61 @@ import os
 import sys
 from collections.abc import Sequence
 
-COMMAND_MODULES = (
-    "balanceroute.cli.trace",
-    "balanceroute.cli.router_commands",
-    "balanceroute.cli.train",
-    "balanceroute.cli.serve",
-)
+from balanceroute.features.errors import UserError
+
+# command -> (module, one-line help); the module's register(sub) adds the full subparser.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "trace": ("balanceroute.cli.trace", "generate, inspect or split request traces"),
+    "simulate": (
+        "balanceroute.cli.simulate",
+        "replay a trace through one router on a simulated decode tier",
+    ),
+    "ab": ("balanceroute.cli.ab", "paired A/B replay of routers and estimators, with a report"),
+    "solve-step": (
+        "balanceroute.cli.solve_step",
+        "solve one routing step exactly (MILP) beside the heuristic's decision",
+    ),
+    "train": (
+        "balanceroute.cli.train",
+        "train, evaluate, track and register completion estimators",
+    ),
+    "evaluate": (
+        "balanceroute.cli.evaluate",
+        "score estimators on the time-ordered holdout",
+    ),
+    "serve": ("balanceroute.cli.serve", "serve predictions and routing decisions over HTTP"),
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _chosen(argv: Sequence[str]) -> str | None:
+    """The command named on the command line, if the first word is one."""
+    first = next((a for a in argv if not a.startswith("-")), None)
+    return first if first in COMMANDS else None
+
+
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The root parser: the chosen command in full, the others by name and help only (every
+    command in full when none is chosen, for ``--help``)."""
     parser = argparse.ArgumentParser(
         prog="balanceroute",
         description="Admission and routing for synchronized LLM decode workers.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name == name:
-                continue
-            raise
-        module.register(sub)
+    chosen = _chosen(argv)
+    for name, (module, help_) in COMMANDS.items():
+        if chosen is None or name == chosen:
+            importlib.import_module(module).register(sub)
+        else:
+            sub.add_parser(name, help=help_)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns its exit code."""
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    from balanceroute.features.errors import UserError
-
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     try:
         code = args.func(args)
@@ -53,7 +79,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     return int(code or 0)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,9 +1,8 @@
 """``balanceroute serve``: the prediction and routing service under uvicorn.
 
 The command checks its configuration, then replaces itself (``exec``, same pid) with a fresh
-``python -m balanceroute.serving`` that imports only what serving needs: building the root CLI has already
-imported every other subcommand's dependencies (plotting, the MILP solver, ...), about 30 MB the
-server would otherwise carry for its whole life.
+``python -m balanceroute.serving`` that imports only what serving needs, so nothing the command
+line loaded to check the flags stays in the server for its whole life.
 """
 
 from __future__ import annotations

@@ -9,20 +9,13 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from balanceroute.cli.options import fraction, positive_int
 from balanceroute.features.loaders import AUTO, FORMATS, detect_format, load_trace
 from balanceroute.features.split import time_split
 from balanceroute.features.stats import trace_stats
 from balanceroute.features.synthetic import PRESETS, generate
 from balanceroute.features.trace_io import write_trace
 from balanceroute.features.workload import DEFAULT_PRESET, DEFAULT_REQUESTS
-
-
-def _positive(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -40,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     synth.add_argument(
         "--requests",
-        type=_positive,
+        type=positive_int,
         default=DEFAULT_REQUESTS,
         help="number of requests (default: %(default)s)",
     )
@@ -62,11 +55,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     inspect.add_argument(
         "--key-blocks",
-        type=_positive,
+        type=positive_int,
         default=2,
         help="Mooncake: leading hash blocks that form the prompt key (default: %(default)s)",
     )
-    inspect.add_argument("--limit", type=_positive, help="read only the first N requests")
+    inspect.add_argument("--limit", type=positive_int, help="read only the first N requests")
     inspect.add_argument("--json", action="store_true", help="print the summary as JSON")
     inspect.set_defaults(func=_inspect)
 
@@ -78,9 +71,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "arrival times restart at 0.",
     )
     split.add_argument("file", help="trace file (any supported layout)")
-    split.add_argument("--at", type=float, default=0.5, help="earlier share (default 0.5)")
+    split.add_argument("--at", type=fraction, default=0.5, help="earlier share (default 0.5)")
     split.add_argument("--format", default=AUTO, choices=[AUTO, *FORMATS])
-    split.add_argument("--key-blocks", type=_positive, default=2)
+    split.add_argument("--key-blocks", type=positive_int, default=2)
     split.add_argument("--head", required=True, help="output file for the earlier part")
     split.add_argument("--tail", required=True, help="output file for the later part")
     split.set_defaults(func=_split)

@@ -6,7 +6,7 @@ configuration written next to every result, so a run can be traced back to its e
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,17 +21,31 @@ DEFAULT_PRESET = "paper-prod"
 DEFAULT_REQUESTS = 10_000
 
 
-def load_workload(
-    *,
-    trace: str | Path | None,
-    preset: str | None,
-    requests: int | None,
-    seed: int,
-    format: str = AUTO,
-    key_blocks: int = 2,
-) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """Requests from ``trace`` (its first ``requests`` rows if given), else from ``preset``
+@dataclass(frozen=True, slots=True)
+class WorkloadSpec:
+    """Where a command's requests come from: a trace file, else a synthetic preset."""
+
+    trace: str | None = field(
+        default=None, metadata={"help": "trace file (Azure, Mooncake, BurstGPT or canonical)"}
+    )
+    preset: str | None = field(
+        default=None, metadata={"help": f"synthetic preset when no trace ({DEFAULT_PRESET})"}
+    )
+    requests: int | None = field(
+        default=None, metadata={"help": "use the first N requests of the trace (synthetic: N)"}
+    )
+    seed: int = field(default=0, metadata={"help": "seed of the preset and of any sampling"})
+    format: str = field(default=AUTO, metadata={"help": "trace layout (default: detected)"})
+    key_blocks: int = field(
+        default=2, metadata={"help": "Mooncake: leading hash blocks that form the prompt key"}
+    )
+
+
+def load_workload(spec: WorkloadSpec) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Requests from ``spec.trace`` (its first ``requests`` rows if given), else from its preset
     (default ``paper-prod``, 10,000 requests), with a description of where they came from."""
+    trace, preset, requests, seed = spec.trace, spec.preset, spec.requests, spec.seed
+    format, key_blocks = spec.format, spec.key_blocks
     if trace is not None and preset is not None:
         raise UserError("give either a trace file or a synthetic preset, not both")
     if requests is not None and requests < 1:

@@ -12,15 +12,55 @@ Identities used throughout: ``c = sum_{h<H} P(r > h)`` and ``p_finish = 1 - P(r 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, ClassVar, Self
+import dataclasses
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, ClassVar, Self, get_args, get_origin, get_type_hints
 
-import joblib
 import numpy as np
 import pandas as pd
 
+from balanceroute.features.errors import UserError
+
 DEFAULT_HORIZON = 80
+
+
+class Fitting(StrEnum):
+    """How an estimator gets what it knows."""
+
+    HISTORY = "history"  # learned from earlier requests: fit(history), then online updates
+    TRACE = "trace"  # reads the truth off the replayed requests themselves: a reference only
+    NONE = "none"  # knows nothing and learns nothing: fit() takes no data
+
+
+@dataclass(frozen=True, slots=True)
+class EstimatorParams:
+    """Constructor parameters every estimator has; subclasses add theirs (declared once)."""
+
+    horizon: int = field(default=DEFAULT_HORIZON, metadata={"help": "lookahead H in iterations"})
+
+
+def coerce_params(cls: type, given: dict[str, Any], owner: str) -> Any:
+    """``cls(**given)`` with values cast to the declared field types (``int``, ``float``,
+    ``bool``, tuples of those); unknown names are a UserError listing the known ones."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(given) - set(names))
+    if unknown:
+        raise UserError(f"unknown {owner} parameter(s) {unknown}; known: {', '.join(names)}")
+    hints = get_type_hints(cls)
+    out = {}
+    for name, value in given.items():
+        kind = hints[name]
+        try:
+            if kind in (int, float, bool) and value is not None:
+                value = kind(value)
+            elif get_origin(kind) is tuple and value is not None:
+                item = get_args(kind)[0]
+                value = tuple(item(v) for v in value)
+        except (TypeError, ValueError):
+            raise UserError(f"{owner} parameter {name}: expected {kind}, got {value!r}") from None
+        out[name] = value
+    return cls(**out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,11 +108,16 @@ class NotFittedError(RuntimeError):
 class CompletionEstimator:
     """Base class: ``fit(history)`` returns self, ``predict(batch)`` returns a Prediction.
 
-    Subclasses set ``name`` (the CLI/registry name) and ``provides_survival``; fitted state
-    carries a trailing underscore, as in scikit-learn.
+    A subclass declares its ``name`` (the CLI and registry name), its constructor parameters as
+    a ``Params`` dataclass (the constructor stores each one as an attribute, as in scikit-learn),
+    and its capabilities: how it is fitted, whether it is deployable, whether it learns online,
+    whether it gives survival curves and how BR-H should project it. Fitted state carries a
+    trailing underscore.
     """
 
     name: ClassVar[str] = ""
+    Params: ClassVar[type] = EstimatorParams
+    fitting: ClassVar[Fitting] = Fitting.HISTORY
     provides_survival: ClassVar[bool] = False
     # How BR-H projects this estimator's running requests under ``projection="auto"``: from
     # survival curves (``expected``) when they carry a spread, from point cutoffs otherwise.
@@ -80,8 +125,11 @@ class CompletionEstimator:
     deployable: ClassVar[bool] = True
     learns_online: ClassVar[bool] = True  # False: observe() is a no-op, callers may skip it
 
-    def __init__(self, *, horizon: int = DEFAULT_HORIZON) -> None:
-        self.horizon = int(horizon)
+    def __init__(self, **params: Any) -> None:
+        label = type(self).name if isinstance(type(self).name, str) else type(self).__name__
+        resolved = coerce_params(self.Params, params, f"estimator '{label}'")
+        for f in dataclasses.fields(resolved):
+            setattr(self, f.name, getattr(resolved, f.name))
 
     def fit(self, history: pd.DataFrame) -> Self:  # pragma: no cover - interface
         raise NotImplementedError
@@ -98,24 +146,16 @@ class CompletionEstimator:
                 f"estimator '{self.name}' is not fitted: call fit(history) or load a saved one"
             )
 
+    def upgrade_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Hook: bring the pickled state of a model saved by an older release up to date."""
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(self.upgrade_state(dict(state)))
+
     def params(self) -> dict[str, Any]:
         """Constructor parameters, for logging and the resolved configuration."""
-        return {"horizon": self.horizon}
-
-    def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        joblib.dump(self, tmp)
-        tmp.replace(path)
-        return path
-
-    @staticmethod
-    def load(path: str | Path) -> CompletionEstimator:
-        obj = joblib.load(Path(path))
-        if not isinstance(obj, CompletionEstimator):
-            raise TypeError(f"{path} does not hold a completion estimator (got {type(obj)})")
-        return obj
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self.Params)}
 
 
 def from_survival(survival: np.ndarray) -> Prediction:

@@ -1,9 +1,9 @@
 """``gbdt``: LightGBM on causal features, ``c = p * E[r | r <= H] + (1 - p) * H``.
 
 - a binary classifier for ``1{r <= H}`` and a regressor for ``r`` on finishing rows, both trained
-  on :func:`features.causal.training_rows` snapshots with :func:`features.causal.snapshot_features`
+  on :func:`balanceroute.features.causal.training_rows` snapshots with :func:`balanceroute.features.causal.snapshot_features`
   (which include the empirical survival and exactmatch answers at the snapshot's age, stacked);
-- at predict time the same features come from :class:`features.causal.OnlineHistory`, which
+- at predict time the same features come from :class:`balanceroute.features.causal.OnlineHistory`, which
   ``observe()`` keeps up to date within a bounded window (train/serve parity is tested);
 - probabilities are calibrated on the latest ``calib_fraction`` of training requests (held out of
   the boosters): ``isotonic``, ``platt`` or ``none``; all three are fitted, so the choice can be
@@ -13,33 +13,31 @@
 - with ``platt`` and ``recalibrate``, ``observe()`` also scores each finished request at
   ``recal_ages`` random ages of its life *before* learning from it, and refits Platt's two
   parameters on the last ``recal_window`` such (score, outcome) pairs plus a sample of the
-  calibration slice (:class:`predict.calibration.OnlineRecalibrator`): causal, bounded, and it
-  follows drift in how often requests finish (the Azure trace's share finishing within H falls
-  from 0.61 in training to 0.52 later);
+  calibration slice (:class:`balanceroute.predict.calibration.OnlineRecalibrator`): causal, bounded, and it
+  follows drift in how often requests finish (the share finishing within H drifts on real
+  traces);
 - survival curves, and ``c`` with them (``curve``): the calibrated finishing mass ``p`` is spread
   over ``1..H`` like the recent outputs above the request's age (``marginal``, the default), like
   its key's outputs shrunk to the marginal (``key``), or as a truncated geometric whose mean
   matches the regressor's ``E[r | r <= H]`` (``geometric``); ``from_survival`` reproduces ``p``
-  and ``c`` in every case. The geometric gives the best ``c`` as a point estimate (Azure
-  validation MAE 14.2 against 16.9), but its shape misplaces the near-term departures that BR-H's
-  expected projection scores: with ``marginal`` the same classifier took BR-H on Azure from 0.99
-  to 0.87 of the no-prediction router's imbalance, and was level on Mooncake and paper-prod;
+  and ``c`` in every case. The geometric gives the best ``c`` as a point estimate, but its shape
+  misplaces the near-term departures that BR-H's expected projection scores, which the
+  empirical shapes place where the recent traffic says they fall (docs/design.md, "Estimators");
 - prediction walks both boosters flattened to arrays (:class:`Forest`) in one compiled
   single-threaded loop, which gives LightGBM's raw scores exactly but several times faster than
   ``Booster.predict`` on router-sized batches, and is safe inside a server thread. The saved
   model keeps LightGBM's own model text (:meth:`GBDTEstimator.boosters` rebuilds the boosters)
-  but no booster objects, so loading it to predict imports neither LightGBM nor scikit-learn
-  (about 90 MB less in a serving process).
+  but no booster objects, so loading it to predict imports neither LightGBM nor scikit-learn.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, ClassVar, Self
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
-from numba import njit
 
+from balanceroute.features.blend import blend_terms
 from balanceroute.features.causal import (
     CausalConfig,
     OnlineHistory,
@@ -47,11 +45,12 @@ from balanceroute.features.causal import (
     training_rows,
 )
 from balanceroute.features.errors import UserError
+from balanceroute.features.keys import AUTO_KEY, derive_keys, resolve_key_source
 from balanceroute.features.schema import to_arrays
 from balanceroute.predict.base import (
-    DEFAULT_HORIZON,
     CompletedBatch,
     CompletionEstimator,
+    EstimatorParams,
     Prediction,
     RunningBatch,
 )
@@ -62,9 +61,9 @@ from balanceroute.predict.calibration import (
     logit,
     sigmoid,
 )
-from balanceroute.predict.empirical import clip01, mixed_count
-from balanceroute.predict.keys import derive_keys
-from balanceroute.predict.registry import register
+from balanceroute.predict.curves import shaped_curves, within_horizon_curves
+from balanceroute.predict.empirical import marginal_terms
+from balanceroute.predict.forest import Forest
 
 if TYPE_CHECKING:
     import lightgbm as lgb
@@ -72,452 +71,72 @@ if TYPE_CHECKING:
 
 CALIBRATIONS = ("isotonic", "platt", "none")
 CURVES = ("geometric", "marginal", "key")
-_THETA = np.linspace(-8.0, 8.0, 2001)
 PRIOR_SAMPLE = 1024  # calibration-slice rows kept as the online recalibration's prior
 
 
-def _geometric_means(horizon: int) -> np.ndarray:
-    """Mean of the truncated geometric on 1..H with log-ratio theta, for every grid theta."""
-    j = np.arange(1, horizon + 1, dtype=np.float64)
-    logw = _THETA[:, None] * (j - 1)[None, :]
-    w = np.exp(logw - logw.max(axis=1, keepdims=True))
-    return (w * j).sum(axis=1) / w.sum(axis=1)
-
-
-def within_horizon_curves(p: np.ndarray, mean: np.ndarray, horizon: int) -> np.ndarray:
-    """Survival curves ``(n, H+1)``: ``1 - p * G(h)``, G a truncated geometric with this mean."""
-    h = int(horizon)
-    n = p.shape[0]
-    if h == 0:
-        return np.ones((n, 1))
-    mu = _geometric_means(h)
-    theta = np.interp(np.clip(mean, mu[0], mu[-1]), mu, _THETA)
-    logw = theta[:, None] * np.arange(h)[None, :]
-    w = np.exp(logw - logw.max(axis=1, keepdims=True))
-    g = np.cumsum(w, axis=1) / w.sum(axis=1, keepdims=True)  # G(1..H)
-    curves = np.ones((n, h + 1))
-    curves[:, 1:] = 1.0 - p[:, None] * g
-    return curves
-
-
-MISSING_TYPES = {"None": 0, "Zero": 1, "NaN": 2}
-_ZERO = 1e-35  # LightGBM's kZeroThreshold
-MAX_HEAP_DEPTH = 8  # deepest forest scored through the complete-heap layout
-MAX_MASK_DEPTH = 6  # deepest forest scored with leaf bitmasks (2**6 leaves in a uint64)
-_BLOCK = 32  # rows descending a tree together
-_MASK_BLOCK = 512  # rows scored together by the bitmask scorer
-_MASK_CHUNK = 65_536  # rows transposed at a time (bounds the copy for big matrices)
-_ALL = np.uint64(0xFFFFFFFFFFFFFFFF)
-_DEBRUIJN_MAGIC = np.uint64(0x03F79D71B4CB0A89)
-# _DEBRUIJN[(b * magic) >> 58] is the index of b's single set bit (b a power of two)
-_DEBRUIJN = np.zeros(64, dtype=np.int64)
-_DEBRUIJN[[((int(_DEBRUIJN_MAGIC) << k) & (2**64 - 1)) >> 58 for k in range(64)]] = np.arange(64)
-
-
-def leaf_masks(depth: int) -> tuple[np.ndarray, np.uint64]:
-    """Per heap node, the leaves that stay possible when it sends a row right (its left
-    subtree's leaves cleared), and the mask of all ``2**depth`` leaves."""
-    leaves = 1 << depth
-    full = (1 << leaves) - 1
-    masks = np.zeros((1 << depth) - 1, dtype=np.uint64)
-    for k in range(masks.size):
-        level = (k + 1).bit_length() - 1
-        span = 1 << (depth - level)
-        first = (k - ((1 << level) - 1)) * span
-        left = ((1 << (span // 2)) - 1) << first
-        masks[k] = np.uint64(full & ~left)
-    return masks, np.uint64(full)
-
-
 @dataclass(frozen=True, slots=True)
-class Forest:
-    """A LightGBM model flattened to arrays, for a compiled single-thread prediction loop.
+class GBDTParams(EstimatorParams):
+    """The parameters of :class:`GBDTEstimator` (its constructor takes each by keyword)."""
 
-    Node ``j`` of the whole forest splits on ``feature[j]`` at ``threshold[j]``; a child ``c >= 0``
-    is a node, ``c < 0`` the leaf ``~c``; ``root[t]`` is tree ``t``'s first node (or ``~leaf``
-    when the tree is a single leaf). Decisions follow LightGBM's ``NumericalDecision`` exactly
-    (missing values by ``missing_type`` and ``default_left``), so raw scores match
-    ``Booster.predict(raw_score=True)``.
+    n_estimators: int = field(default=150, metadata={"help": "classifier boosting rounds"})
+    learning_rate: float = field(default=0.1, metadata={"help": "classifier learning rate"})
+    num_leaves: int = field(default=8, metadata={"help": "classifier leaves per tree"})
+    max_depth: int = field(default=3, metadata={"help": "classifier tree depth"})
+    min_data_in_leaf: int = field(default=500, metadata={"help": "rows per leaf at least"})
+    lambda_l2: float = field(default=10.0, metadata={"help": "classifier L2 regularisation"})
+    feature_fraction: float = field(default=0.7, metadata={"help": "features tried per tree"})
+    reg_estimators: int = field(default=40, metadata={"help": "regressor boosting rounds"})
+    reg_learning_rate: float = field(default=0.12, metadata={"help": "regressor learning rate"})
+    reg_num_leaves: int = field(default=15, metadata={"help": "regressor leaves per tree"})
+    reg_max_depth: int = field(default=4, metadata={"help": "regressor tree depth"})
+    step: int = field(default=8, metadata={"help": "age grid of the training snapshots"})
+    per_request: int = field(default=32, metadata={"help": "training snapshots per request"})
+    max_rows: int = field(default=1_000_000, metadata={"help": "training rows at most"})
+    calibration: str = field(default="platt", metadata={"help": "isotonic | platt | none"})
+    calib_fraction: float = field(
+        default=0.1, metadata={"help": "latest share of requests held out to calibrate"}
+    )
+    refit_full: bool = field(
+        default=True, metadata={"help": "retrain the classifier on every row after calibrating"}
+    )
+    recalibrate: bool = field(default=True, metadata={"help": "online Platt recalibration"})
+    recal_window: int = field(default=2000, metadata={"help": "recalibration pairs kept"})
+    recal_ages: int = field(default=2, metadata={"help": "recalibration ages per completion"})
+    recal_prior: float = field(
+        default=0.25, metadata={"help": "weight of the calibration slice in recalibration"}
+    )
+    assumed_tpot_s: float = field(
+        default=0.06, metadata={"help": "seconds per decode step of the trace timing model"}
+    )
+    window: int = field(default=131_072, metadata={"help": "completions in the feature window"})
+    cond_windows: tuple[int, ...] = field(
+        default=(1024,), metadata={"help": "shorter windows of the stacked empirical features"}
+    )
+    num_threads: int = field(default=0, metadata={"help": "LightGBM training threads (0: all)"})
+    curve: str = field(default="marginal", metadata={"help": "geometric | marginal | key"})
+    seed: int = field(default=0, metadata={"help": "seed of sampling and boosting"})
 
-    When every tree is at most ``MAX_HEAP_DEPTH`` deep (``max_depth`` bounds it) and no node
-    treats zero as missing, the trees are also laid out as complete binary heaps of the forest's
-    depth ``D`` (node ``k``'s children ``2k+1``, ``2k+2``; shallower leaves pushed down through
-    splits that always go left): every row then takes exactly ``D`` branch-free steps per tree.
-    Up to ``MAX_MASK_DEPTH`` the rows are scored QuickScorer-style instead: every node of a tree
-    is tested on a whole block of rows at once (one contiguous feature column, vectorised), a
-    node that sends a row right clears its left subtree's leaves from that row's bitmask, and
-    the exit leaf is the lowest leaf left. Leaf values are added in the same tree order on
-    every path, so all three give LightGBM's raw scores exactly.
-    """
-
-    root: np.ndarray  # int64 (trees,)
-    feature: np.ndarray  # int64 (nodes,)
-    threshold: np.ndarray  # float64 (nodes,)
-    child: np.ndarray  # int64 (2 * nodes,): left, right of each node
-    nan_right: np.ndarray  # bool (nodes,): where a NaN value goes
-    zero_right: np.ndarray  # int8 (nodes,): where a zero goes under missing type Zero, else -1
-    leaf_value: np.ndarray  # float64 (leaves,)
-    depth: int = 0  # D of the heap layout (0 = not available)
-    heap_feature: np.ndarray | None = None  # int64 (trees, 2**D - 1)
-    heap_threshold: np.ndarray | None = None  # float64 (trees, 2**D - 1)
-    heap_nan_right: np.ndarray | None = None  # bool (trees, 2**D - 1)
-    heap_leaf: np.ndarray | None = None  # float64 (trees, 2**D)
-    leaf_mask: np.ndarray | None = None  # uint64 (2**D - 1,): see :func:`leaf_masks`
-    all_leaves: int = 0  # the mask of every leaf
-
-    @classmethod
-    def from_booster(cls, booster: lgb.Booster) -> Forest:
-        model = booster.dump_model()
-        if model["num_tree_per_iteration"] != 1 or model["average_output"]:
-            raise ValueError("only single-output boosted models can be flattened")
-        nodes: list[tuple[int, float, bool, int]] = []
-        kids: list[list[int]] = []
-        leaves: list[float] = []
-        roots: list[int] = []
-
-        def walk(tree: dict[str, Any]) -> int:
-            if "leaf_value" in tree:
-                leaves.append(float(tree["leaf_value"]))
-                return ~(len(leaves) - 1)
-            if tree["decision_type"] != "<=":
-                raise ValueError("categorical splits are not supported")
-            j = len(nodes)
-            nodes.append(
-                (
-                    int(tree["split_feature"]),
-                    float(tree["threshold"]),
-                    bool(tree["default_left"]),
-                    MISSING_TYPES[tree["missing_type"]],
-                )
+    def __post_init__(self) -> None:
+        if self.curve not in CURVES:
+            raise UserError(f"unknown curve '{self.curve}'; known: {', '.join(CURVES)}")
+        if self.calibration not in CALIBRATIONS:
+            raise UserError(
+                f"unknown calibration '{self.calibration}'; known: {', '.join(CALIBRATIONS)}"
             )
-            kids.append([0, 0])
-            kids[j][0] = walk(tree["left_child"])
-            kids[j][1] = walk(tree["right_child"])
-            return j
-
-        for info in model["tree_info"]:
-            roots.append(walk(info["tree_structure"]))
-        feature, threshold, default_left, missing = (
-            np.asarray(col) for col in (zip(*nodes, strict=True) if nodes else ((),) * 4)
-        )
-        threshold = threshold.astype(np.float64)
-        default_left = default_left.astype(np.bool_)
-        missing = missing.astype(np.int8)
-        # NumericalDecision: NaN is 0.0 unless the type is NaN; NaN (type NaN) and zero (type
-        # Zero) take the default side; everything else compares ``v <= threshold``.
-        nan_right = np.where(missing == 0, 0.0 > threshold, ~default_left)
-        zero_right = np.where(missing == 1, (~default_left).astype(np.int8), -1).astype(np.int8)
-        flat = cls(
-            root=np.asarray(roots, dtype=np.int64),
-            feature=feature.astype(np.int64),
-            threshold=threshold,
-            child=np.asarray(kids, dtype=np.int64).reshape(-1),
-            nan_right=nan_right.astype(np.bool_),
-            zero_right=zero_right,
-            leaf_value=np.asarray(leaves, dtype=np.float64),
-        )
-        return flat._with_heaps()
-
-    def _with_heaps(self) -> Forest:
-        """This forest plus the complete-heap layout, when it is shallow enough."""
-
-        def depth(node: int) -> int:
-            if node < 0:
-                return 0
-            return 1 + max(depth(int(self.child[2 * node])), depth(int(self.child[2 * node + 1])))
-
-        d = max((depth(int(r)) for r in self.root), default=0)
-        if d > MAX_HEAP_DEPTH or (self.zero_right >= 0).any():
-            return self
-        inner = (1 << d) - 1
-        trees = self.root.size
-        feat = np.zeros((trees, inner), dtype=np.int64)
-        thr = np.full((trees, inner), np.inf)  # unused slots always go left (NaN too)
-        nan_right = np.zeros((trees, inner), dtype=np.bool_)
-        leaf = np.zeros((trees, inner + 1))
-        for t, root in enumerate(self.root):
-            stack = [(int(root), 0, 0)]  # (node or ~leaf, heap slot, level)
-            while stack:
-                node, k, level = stack.pop()
-                if level == d:
-                    leaf[t, k - inner] = self.leaf_value[~node]
-                elif node < 0:
-                    stack.append((node, 2 * k + 1, level + 1))
-                else:
-                    feat[t, k] = self.feature[node]
-                    thr[t, k] = self.threshold[node]
-                    nan_right[t, k] = self.nan_right[node]
-                    stack.append((int(self.child[2 * node]), 2 * k + 1, level + 1))
-                    stack.append((int(self.child[2 * node + 1]), 2 * k + 2, level + 1))
-        masks, full = leaf_masks(d) if d <= MAX_MASK_DEPTH else (None, 0)
-        return replace(
-            self,
-            depth=d,
-            heap_feature=feat,
-            heap_threshold=thr,
-            heap_nan_right=nan_right,
-            heap_leaf=leaf,
-            leaf_mask=masks,
-            all_leaves=int(full),
-        )
-
-    @property
-    def size(self) -> int:
-        return int(self.root.size)
-
-    def raw(self, x: np.ndarray) -> np.ndarray:
-        """Raw scores (sum of leaf values) of the rows of ``x``, single-threaded.
-
-        A column-major ``x`` (as :meth:`OnlineHistory.features` builds it) is scored without
-        a copy by the bitmask scorer.
-        """
-        if getattr(self, "leaf_mask", None) is not None:
-            x = np.asarray(x, dtype=np.float64)
-            out = np.empty(x.shape[0])
-            for lo in range(0, x.shape[0], _MASK_CHUNK):
-                xt = np.ascontiguousarray(x[lo : lo + _MASK_CHUNK].T)
-                out[lo : lo + xt.shape[1]] = _mask_raw(
-                    xt,
-                    self.heap_feature,
-                    self.heap_threshold,
-                    self.heap_nan_right,
-                    self.heap_leaf,
-                    self.leaf_mask,
-                    np.uint64(self.all_leaves),
-                    _DEBRUIJN,
-                )
-            return out
-        x = np.ascontiguousarray(x, dtype=np.float64)
-        if self.heap_leaf is not None:
-            return _heap_raw(
-                x,
-                self.depth,
-                self.heap_feature,
-                self.heap_threshold,
-                self.heap_nan_right,
-                self.heap_leaf,
-            )
-        return _forest_raw(
-            x,
-            self.root,
-            self.feature,
-            self.threshold,
-            self.child,
-            self.nan_right,
-            self.zero_right,
-            self.leaf_value,
-        )
 
 
-@njit(cache=True, nogil=True)
-def _shaped_curves(surv, ages, horizon, key_surv, bw, s_a, mass, ok, p):
-    """``1 - p * F(h)`` with ``F(h) = (S(a) - S(a+h)) / mass`` from the marginal's counts (plus
-    the key's, ``key_surv + bw * S_m``, when given), ``h / H`` where there is no mass."""
-    n = ages.shape[0]
-    out = np.ones((n, horizon + 1))
-    for i in range(n):
-        for h in range(1, horizon + 1):
-            if ok[i]:
-                s = mixed_count(surv, key_surv, i, ages[i] + h, h, bw, 1.0)
-                f = (s_a[i] - s) / mass[i]
-            else:
-                f = h / horizon
-            out[i, h] = 1.0 - p[i] * clip01(f)
-    return out
-
-
-@njit(cache=True, nogil=True)
-def _mask_raw(xt, feature, threshold, nan_right, leaf, masks, full, debruijn):
-    """Sum of leaf values per column of ``xt`` ``(features, n)`` over complete-heap trees,
-    by leaf bitmasks (see :class:`Forest`); branch-free over rows, so the compiler vectorises."""
-    n = xt.shape[1]
-    trees, inner = feature.shape
-    out = np.zeros(n)
-    m = np.empty(_MASK_BLOCK, np.uint64)
-    zero = np.uint64(0)
-    for i0 in range(0, n, _MASK_BLOCK):
-        w = min(_MASK_BLOCK, n - i0)
-        mv = m[:w]
-        for t in range(trees):
-            mv[:] = full
-            for j in range(inner):
-                th = threshold[t, j]
-                if th == np.inf:  # a padding split: every row goes left
-                    continue
-                col = xt[feature[t, j], i0 : i0 + w]
-                keep = masks[j]
-                if nan_right[t, j]:  # NaN goes right: not (v <= th) is true for NaN
-                    for r in range(w):
-                        right = np.uint64(not (col[r] <= th))
-                        mv[r] &= keep | ((zero - right) ^ _ALL)
-                else:
-                    for r in range(w):
-                        right = np.uint64(col[r] > th)
-                        mv[r] &= keep | ((zero - right) ^ _ALL)
-            values = leaf[t]
-            for r in range(w):
-                b = mv[r]
-                low = b & (~b + np.uint64(1))
-                out[i0 + r] += values[debruijn[(low * _DEBRUIJN_MAGIC) >> np.uint64(58)]]
-    return out
-
-
-@njit(cache=True, nogil=True)
-def _heap_raw(x, depth, feature, threshold, nan_right, leaf):
-    """Sum of leaf values per row over complete-heap trees: ``depth`` branch-free steps.
-
-    Rows go through each tree in blocks of ``_BLOCK`` so that their independent descents overlap
-    (one descent alone is a chain of dependent loads); leaves still add up in tree order.
-    """
-    n = x.shape[0]
-    inner = feature.shape[1]
-    out = np.zeros(n)
-    k = np.zeros(_BLOCK, np.int64)
-    for i0 in range(0, n, _BLOCK):
-        m = min(_BLOCK, n - i0)
-        for t in range(feature.shape[0]):
-            k[:m] = 0
-            for _ in range(depth):
-                for r in range(m):
-                    kr = k[r]
-                    v = x[i0 + r, feature[t, kr]]
-                    go = (v > threshold[t, kr]) | ((v != v) & nan_right[t, kr])
-                    k[r] = 2 * kr + 1 + go
-            for r in range(m):
-                out[i0 + r] += leaf[t, k[r] - inner]
-    return out
-
-
-@njit(cache=True, nogil=True)
-def _forest_raw(x, root, feature, threshold, child, nan_right, zero_right, leaf_value):
-    """Sum of leaf values per row; a node's child is ``child[2 * node + go_right]``."""
-    n = x.shape[0]
-    out = np.zeros(n)
-    for i in range(n):
-        acc = 0.0
-        for t in range(root.shape[0]):
-            node = root[t]
-            while node >= 0:
-                v = x[i, feature[node]]
-                go = v > threshold[node]
-                if v != v:
-                    go = nan_right[node]
-                elif zero_right[node] >= 0 and -_ZERO <= v <= _ZERO:
-                    go = zero_right[node] == 1
-                node = child[2 * node + go]
-            acc += leaf_value[~node]
-        out[i] = acc
-    return out
-
-
-@register
 class GBDTEstimator(CompletionEstimator):
     """Calibrated LightGBM classifier + regressor on causal history features."""
 
     name = "gbdt"
+    Params = GBDTParams
     provides_survival = True
     projection = "expected"
 
-    def __init__(
-        self,
-        *,
-        horizon: int = DEFAULT_HORIZON,
-        n_estimators: int = 150,
-        learning_rate: float = 0.1,
-        num_leaves: int = 8,
-        min_data_in_leaf: int = 500,
-        lambda_l2: float = 10.0,
-        feature_fraction: float = 0.7,
-        reg_estimators: int = 40,
-        reg_learning_rate: float = 0.12,
-        reg_num_leaves: int = 15,
-        max_depth: int = 3,
-        reg_max_depth: int = 4,
-        step: int = 8,
-        per_request: int = 32,
-        max_rows: int = 1_000_000,
-        calibration: str = "platt",
-        calib_fraction: float = 0.1,
-        recalibrate: bool = True,
-        refit_full: bool = True,
-        recal_window: int = 2000,
-        recal_ages: int = 2,
-        recal_prior: float = 0.25,
-        assumed_tpot_s: float = 0.06,
-        window: int = 131_072,
-        cond_windows: tuple[int, ...] = (1024,),
-        num_threads: int = 0,
-        curve: str = "marginal",
-        seed: int = 0,
-    ) -> None:
-        super().__init__(horizon=horizon)
-        if curve not in CURVES:
-            raise UserError(f"unknown curve '{curve}'; known: {', '.join(CURVES)}")
-        self.curve = curve
-        if calibration not in CALIBRATIONS:
-            raise UserError(
-                f"unknown calibration '{calibration}'; known: {', '.join(CALIBRATIONS)}"
-            )
-        self.n_estimators = int(n_estimators)
-        self.learning_rate = float(learning_rate)
-        self.num_leaves = int(num_leaves)
-        self.min_data_in_leaf = int(min_data_in_leaf)
-        self.lambda_l2 = float(lambda_l2)
-        self.feature_fraction = float(feature_fraction)
-        self.reg_estimators = int(reg_estimators)
-        self.reg_learning_rate = float(reg_learning_rate)
-        self.reg_num_leaves = int(reg_num_leaves)
-        self.max_depth = int(max_depth)
-        self.reg_max_depth = int(reg_max_depth)
-        self.step = int(step)
-        self.per_request = int(per_request)
-        self.max_rows = int(max_rows)
-        self.calibration = calibration
-        self.calib_fraction = float(calib_fraction)
-        self.recalibrate = bool(recalibrate)
-        self.refit_full = bool(refit_full)
-        self.recal_window = int(recal_window)
-        self.recal_ages = int(recal_ages)
-        self.recal_prior = float(recal_prior)
-        self.assumed_tpot_s = float(assumed_tpot_s)
-        self.window = int(window)
-        self.cond_windows = tuple(int(w) for w in cond_windows)
-        self.num_threads = int(num_threads)
-        self.seed = int(seed)
-
-    PARAMS: ClassVar[tuple[str, ...]] = (
-        "horizon",
-        "n_estimators",
-        "learning_rate",
-        "num_leaves",
-        "max_depth",
-        "min_data_in_leaf",
-        "lambda_l2",
-        "feature_fraction",
-        "reg_estimators",
-        "reg_learning_rate",
-        "reg_num_leaves",
-        "reg_max_depth",
-        "step",
-        "per_request",
-        "max_rows",
-        "calibration",
-        "calib_fraction",
-        "refit_full",
-        "recalibrate",
-        "recal_window",
-        "recal_ages",
-        "recal_prior",
-        "assumed_tpot_s",
-        "window",
-        "cond_windows",
-        "num_threads",
-        "curve",
-        "seed",
-    )
-
-    def params(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.PARAMS}
+    def upgrade_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Models saved before ``curve`` existed spread ``p`` as a geometric."""
+        state.setdefault("curve", "geometric")
+        return state
 
     def check_fitted(self) -> None:
         super().check_fitted()
@@ -706,7 +325,7 @@ class GBDTEstimator(CompletionEstimator):
         classifier, regressor = self.forests_
         raw = sigmoid(classifier.raw(x))
         p = np.clip(self._calibrate(raw, self.calibration, online=True), 0.0, 1.0)
-        if getattr(self, "curve", "geometric") != "geometric":  # models saved before: geometric
+        if self.curve != "geometric":
             return self._empirical_shape(batch, p, survival)
         mean = np.clip(regressor.raw(x), 1.0, h)
         if survival:
@@ -724,17 +343,17 @@ class GBDTEstimator(CompletionEstimator):
         win = hist.cfg.window
         age = np.asarray(batch.age, dtype=np.int64)
         mc = hist.marginal[win]
-        s_a, s_b = mc.surv(age), mc.surv(age + h)
-        inside = mc.csurv(age + h) - mc.csurv(age)  # sum_{j<H} S(a + j)
+        # inside = sum_{j<H} S(a + j)
+        s_a, s_b, inside = marginal_terms(mc, age, h)
         key_surv, bw = np.zeros((0, 0)), 1.0  # marginal: S_m alone
         if self.curve == "key":
             has_keys = batch.prompt_key is not None and bool(np.any(batch.prompt_key))
-            src = "hash" if has_keys else "exact-length"
+            src = resolve_key_source(AUTO_KEY, has_keys)
             keys = derive_keys(src, np.asarray(batch.prompt_tokens), batch.prompt_key)
             kc = hist.keyed[(src, win)]
-            _, k_a, k_b, k_in = kc.query(keys, age, h)
+            _, *k_terms = kc.query(keys, age, h)
             bw = hist.cfg.em_prior / max(mc.n, 1)
-            s_a, s_b, inside = k_a + bw * s_a, k_b + bw * s_b, k_in + bw * inside
+            s_a, s_b, inside = blend_terms((s_a, s_b, inside), tuple(k_terms), bw, 1.0)
             if survival:
                 key_surv = kc.surv_matrix(keys, age, h)
         mass = s_a - s_b
@@ -746,7 +365,7 @@ class GBDTEstimator(CompletionEstimator):
         if not survival:
             return Prediction(p_finish=p, c=c)
         surv_table, _ = mc.curves()
-        curves = _shaped_curves(
+        curves = shaped_curves(
             surv_table,
             age,
             h,

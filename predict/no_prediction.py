@@ -7,13 +7,14 @@ from typing import Self
 import numpy as np
 import pandas as pd
 
-from balanceroute.predict.base import CompletionEstimator, Prediction, RunningBatch
+from balanceroute.predict.base import CompletionEstimator, Fitting, Prediction, RunningBatch
 
 
 class NoPrediction(CompletionEstimator):
-    """The same router without prediction is one flag away: ``--predictor none``."""
+    """The same router without prediction is one flag away: ``--estimator none``."""
 
     name = "none"
+    fitting = Fitting.NONE
     provides_survival = True
     learns_online = False
 

@@ -6,27 +6,33 @@ It answers "how good must a predictor be?": with ``sigma = 0`` it is the oracle;
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 from scipy.special import ndtri
 
-from balanceroute.predict.base import Prediction, RunningBatch, survival_from_remaining
+from balanceroute.predict.base import (
+    EstimatorParams,
+    Prediction,
+    RunningBatch,
+    survival_from_remaining,
+)
 from balanceroute.predict.oracle import OracleEstimator
-from balanceroute.predict.registry import register
 
 
-@register
+@dataclass(frozen=True, slots=True)
+class NoisyOracleParams(EstimatorParams):
+    """The parameters of :class:`NoisyOracleEstimator`."""
+
+    sigma: float = field(default=0.5, metadata={"help": "log-sd of the multiplicative noise"})
+    seed: int = field(default=0, metadata={"help": "seed of the noise"})
+
+
 class NoisyOracleEstimator(OracleEstimator):
     """Oracle remaining length with multiplicative log-normal noise of log-sd ``sigma``."""
 
     name = "noisy-oracle"
-
-    def __init__(self, *, horizon: int = 80, sigma: float = 0.5, seed: int = 0) -> None:
-        super().__init__(horizon=horizon)
-        self.sigma = float(sigma)
-        self.seed = int(seed)
-
-    def params(self) -> dict:
-        return {"horizon": self.horizon, "sigma": self.sigma, "seed": self.seed}
+    Params = NoisyOracleParams
 
     def predict(self, batch: RunningBatch, *, survival: bool = False) -> Prediction:
         r = self.remaining(batch).astype(np.float64)

@@ -9,6 +9,7 @@ import pandas as pd
 
 from balanceroute.predict.base import (
     CompletionEstimator,
+    Fitting,
     Prediction,
     RunningBatch,
     survival_from_remaining,
@@ -19,6 +20,7 @@ class OracleEstimator(CompletionEstimator):
     """Knows every request's output length; ``fit`` takes the trace that will be replayed."""
 
     name = "oracle"
+    fitting = Fitting.TRACE
     provides_survival = True
     deployable = False
     learns_online = False

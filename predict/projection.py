@@ -1,4 +1,4 @@
-"""Projected KV loads per worker over the next ``H`` iterations (DESIGN section 5.3).
+"""Projected KV loads per worker over the next ``H`` iterations (docs/design.md, "Load projection").
 
 A running request with workload ``W`` and survival curve ``S(h) = P(r > h)`` contributes
 ``S(h) * (W + h)`` at offset ``h``. *Cutoff* mode (the paper's) uses ``S(h) = 1{h < c}`` from the
@@ -125,8 +125,6 @@ class LoadProjection:
         """Start over at ``k`` from capped expectations ``c``: request ``i`` is ``W_i + t`` for
         ``t < ceil(c_i)`` (for good if ``c_i >= H``), then gone, or with ``refill_prompt``
         replaced by a request of that prompt admitted then."""
-        from balanceroute.router.kernels import cutoff_base
-
         self._start(k, positions, workers)
         w = workload.astype(np.float64)
         refill = -1.0 if refill_prompt is None else float(refill_prompt)
@@ -174,8 +172,6 @@ class LoadProjection:
                 self.extra_worker[rest] = -1
 
     def _remove_cutoff(self, rows: np.ndarray, gs: np.ndarray) -> None:
-        from balanceroute.router.kernels import cutoff_remove
-
         w, lengths, refill = self.cut
         cutoff_remove(self.base, gs, w[rows], lengths[rows], -1.0 if refill is None else refill)
 
@@ -189,3 +185,64 @@ class LoadProjection:
         out += self.const[:, None] + self.count[:, None] * (j + self.hs)[None, :]
         out[:, 0] = observed
         return out
+
+
+@njit(cache=True, nogil=True)
+def cutoff_base(workers, workload, c, horizon, g_count, length, refill):
+    """Projected loads ``(G, length)`` of running requests in cutoff mode.
+
+    Request ``i`` contributes ``W_i + t`` at offsets ``t < d_i`` with ``d_i = ceil(c_i)``
+    (every offset if ``c_i >= horizon``); with ``refill >= 0`` its slot then holds a request of
+    that prompt, ``refill + (t - d_i)``. Returns the base and the offsets ``d``.
+    """
+    n = workers.shape[0]
+    ended = np.zeros((g_count, length + 1))
+    ended_w = np.zeros((g_count, length + 1))
+    ended_d = np.zeros((g_count, length + 1))
+    alive = np.zeros(g_count)
+    alive_w = np.zeros(g_count)
+    d = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        if c[i] >= horizon:
+            di = length
+        else:
+            di = int(np.ceil(c[i]))
+            di = min(max(di, 1), length)
+        d[i] = di
+        g = workers[i]
+        alive[g] += 1.0
+        alive_w[g] += workload[i]
+        if di < length:
+            ended[g, di] += 1.0
+            ended_w[g, di] += workload[i]
+            ended_d[g, di] += di
+    base = np.empty((g_count, length))
+    for g in range(g_count):
+        cnt = alive[g]
+        w = alive_w[g]
+        gone = 0.0
+        gone_d = 0.0
+        for t in range(length):
+            cnt -= ended[g, t]
+            w -= ended_w[g, t]
+            gone += ended[g, t]
+            gone_d += ended_d[g, t]
+            v = w + cnt * t
+            if refill >= 0.0:
+                v += gone * (refill + t) - gone_d
+            base[g, t] = v
+    return base, d
+
+
+@njit(cache=True, nogil=True)
+def cutoff_remove(base, workers, workload, lengths, refill):
+    """Take finished requests' cutoff paths (and refills) out of ``base`` in place."""
+    length = base.shape[1]
+    for i in range(workers.shape[0]):
+        g = workers[i]
+        d = lengths[i]
+        for t in range(d):
+            base[g, t] -= workload[i] + t
+        if refill >= 0.0:
+            for t in range(d, length):
+                base[g, t] -= refill + t - d

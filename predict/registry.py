@@ -6,50 +6,41 @@ from typing import Any
 
 from balanceroute.features.errors import UserError
 from balanceroute.predict.base import CompletionEstimator
+from balanceroute.predict.exactmatch import ExactMatchEstimator
+from balanceroute.predict.gbdt import GBDTEstimator
 from balanceroute.predict.no_prediction import NoPrediction
+from balanceroute.predict.noisy_oracle import NoisyOracleEstimator
 from balanceroute.predict.oracle import OracleEstimator
+from balanceroute.predict.survival import SurvivalEstimator
 
 ESTIMATORS: dict[str, type[CompletionEstimator]] = {
-    NoPrediction.name: NoPrediction,
-    OracleEstimator.name: OracleEstimator,
+    cls.name: cls
+    for cls in (
+        NoPrediction,
+        OracleEstimator,
+        NoisyOracleEstimator,
+        SurvivalEstimator,
+        ExactMatchEstimator,
+        GBDTEstimator,
+    )
 }
 
 
-def register(cls: type[CompletionEstimator]) -> type[CompletionEstimator]:
-    """Class decorator adding an estimator under its ``name``."""
-    ESTIMATORS[cls.name] = cls
-    return cls
+def estimator_names(*, deployable: bool | None = None) -> list[str]:
+    """Registered names, sorted; ``deployable`` keeps only those that are (or are not)."""
+    return sorted(name for name, cls in ESTIMATORS.items() if deployable in (None, cls.deployable))
 
 
-def _load_optional() -> None:
-    # Learned estimators live in their own modules; importing them registers them.
-    import importlib
-
-    for mod in (
-        "balanceroute.predict.survival",
-        "balanceroute.predict.exactmatch",
-        "balanceroute.predict.gbdt",
-        "balanceroute.predict.noisy_oracle",
-    ):
-        try:
-            importlib.import_module(mod)
-        except ModuleNotFoundError as exc:
-            if exc.name != mod:
-                raise
-
-
-def estimator_names() -> list[str]:
-    _load_optional()
-    return sorted(ESTIMATORS)
+def estimator_class(name: str) -> type[CompletionEstimator]:
+    """The class registered as ``name``; unknown names list the known ones."""
+    try:
+        return ESTIMATORS[name]
+    except KeyError:
+        raise UserError(
+            f"unknown estimator '{name}'; known estimators: {', '.join(estimator_names())}"
+        ) from None
 
 
 def make_estimator(name: str, **params: Any) -> CompletionEstimator:
-    """Build an unfitted estimator by registry name."""
-    _load_optional()
-    try:
-        cls = ESTIMATORS[name]
-    except KeyError:
-        raise UserError(
-            f"unknown estimator '{name}'; known estimators: {', '.join(sorted(ESTIMATORS))}"
-        ) from None
-    return cls(**params)
+    """An unfitted estimator by registry name, with its parameters."""
+    return estimator_class(name)(**params)

@@ -4,12 +4,13 @@
 O(1) a request (two array lookups each). ``observe()`` pushes completions into a ring buffer of the
 last ``window`` outputs and adjusts a length histogram by +1/-1 (O(batch)); the survival and
 cumulative arrays are rebuilt lazily, once, at the next ``predict`` (O(max length)). See
-:mod:`predict.empirical` for the rule when a request outlives every observed length.
+:mod:`balanceroute.features.blend` for the rule when a request outlives every observed length.
 """
 
 from __future__ import annotations
 
-from typing import Any, Self
+from dataclasses import dataclass, field
+from typing import Self
 
 import numpy as np
 import pandas as pd
@@ -17,17 +18,27 @@ import pandas as pd
 from balanceroute.features.causal import CausalConfig
 from balanceroute.features.errors import UserError
 from balanceroute.features.schema import TraceArrays, to_arrays
+from balanceroute.features.windows import MarginalCounts, SlidingWindow
 from balanceroute.predict.base import (
-    DEFAULT_HORIZON,
     CompletedBatch,
     CompletionEstimator,
+    EstimatorParams,
     Prediction,
     RunningBatch,
 )
-from balanceroute.predict.empirical import MarginalCounts, SlidingWindow, conditional_prediction
-from balanceroute.predict.registry import register
+from balanceroute.predict.empirical import conditional_prediction
 
 DEFAULT_WINDOW = 131_072
+
+
+@dataclass(frozen=True, slots=True)
+class SurvivalParams(EstimatorParams):
+    """The parameters of :class:`SurvivalEstimator`."""
+
+    window: int = field(default=DEFAULT_WINDOW, metadata={"help": "completions in the window"})
+    assumed_tpot_s: float = field(
+        default=0.06, metadata={"help": "seconds per decode step of the trace timing model"}
+    )
 
 
 def history_in_finish_order(history: pd.DataFrame, assumed_tpot_s: float) -> TraceArrays:
@@ -42,31 +53,13 @@ def history_in_finish_order(history: pd.DataFrame, assumed_tpot_s: float) -> Tra
     )
 
 
-@register
 class SurvivalEstimator(CompletionEstimator):
     """Marginal empirical survival of output lengths; the key is ignored."""
 
     name = "survival"
+    Params = SurvivalParams
     provides_survival = True
     projection = "expected"
-
-    def __init__(
-        self,
-        *,
-        horizon: int = DEFAULT_HORIZON,
-        window: int = DEFAULT_WINDOW,
-        assumed_tpot_s: float = 0.06,
-    ) -> None:
-        super().__init__(horizon=horizon)
-        self.window = int(window)
-        self.assumed_tpot_s = float(assumed_tpot_s)
-
-    def params(self) -> dict[str, Any]:
-        return {
-            "horizon": self.horizon,
-            "window": self.window,
-            "assumed_tpot_s": self.assumed_tpot_s,
-        }
 
     def _keys(self, prompt_tokens: np.ndarray, prompt_key: np.ndarray | None) -> np.ndarray:
         return np.zeros(prompt_tokens.shape[0], dtype=np.uint64)

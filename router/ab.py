@@ -11,6 +11,7 @@ results depend only on the seeds, never on the number of jobs.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import sys
 from dataclasses import dataclass, field, replace
@@ -20,11 +21,15 @@ import numpy as np
 import pandas as pd
 
 from balanceroute.features.errors import UserError
-from balanceroute.predict.base import CompletionEstimator
-from balanceroute.router.arms import Arm
+from balanceroute.features.split import time_split
+from balanceroute.predict.base import CompletionEstimator, Fitting
+from balanceroute.predict.factory import build_estimator
+from balanceroute.predict.model_store import registered_version
+from balanceroute.predict.registry import estimator_class
 from balanceroute.router.cost import CostModel
 from balanceroute.router.prefill import PrefillConfig
-from balanceroute.router.runner import ReplaySpec, build_estimator, released_requests, replay
+from balanceroute.router.runner import ReplaySpec, released_requests, replay
+from balanceroute.router.specs import RouterSpec
 
 TRAJECTORY_WINDOW = 1500
 DIST_SAMPLE = 4000
@@ -34,7 +39,7 @@ DIST_SAMPLE = 4000
 class ABConfig:
     """What to compare and how."""
 
-    arms: tuple[Arm, ...]
+    arms: tuple[RouterSpec, ...]
     workers: tuple[int, ...] = (8,)
     slots: int = 64
     repeats: int = 5
@@ -61,7 +66,7 @@ class ABConfig:
 
 @dataclass
 class Task:
-    arm: Arm
+    arm: RouterSpec
     workers: int
     repeat: int
     start: int
@@ -83,61 +88,43 @@ def replay_windows(n: int, repeats: int, fraction: float) -> list[tuple[int, int
 def prepare(
     frame: pd.DataFrame, cfg: ABConfig, progress=None
 ) -> tuple[pd.DataFrame, dict[str, CompletionEstimator], dict[str, Any]]:
-    """Split off training history if needed and build every arm's estimator (oracle later)."""
-    from balanceroute.router.runner import split_for_training
-
+    """Split off training history if an arm needs it and build every arm's estimator (those
+    that read the replayed requests are built per task, on each task's window)."""
     info: dict[str, Any] = {"trained_on_the_fly": {}, "loaded_from_registry": {}}
     history = None
     replay_frame = frame
-    if any(a.needs_training for a in cfg.arms):
-        history, replay_frame = split_for_training(frame, cfg.train_fraction)
+    if any(a.estimator is not None and a.estimator.needs_history for a in cfg.arms):
+        history, replay_frame = time_split(frame, cfg.train_fraction, rebase_tail=True)
         info["history_requests"] = len(history)
     info["replay_requests"] = len(replay_frame)
     fitted: dict[str, CompletionEstimator] = {}
     cache: dict[tuple[str, str | None], CompletionEstimator] = {}
     for arm in cfg.arms:
-        if arm.estimator is None or arm.estimator in ("oracle", "noisy-oracle"):
+        spec = arm.estimator
+        if spec is None or spec.fitting is Fitting.TRACE:
             continue
-        key = (arm.estimator, arm.model_uri)
+        key = (spec.kind, spec.model_uri)
         if key not in cache:
-            if progress and arm.estimator != "none":
-                what = f"loading {arm.model_uri}" if arm.model_uri else "training"
-                progress(f"{what} estimator '{arm.estimator}'")
-            horizon = int(arm.options.get("horizon", cfg.horizon)) or 1
+            if progress and (spec.model_uri or spec.fitting is not Fitting.NONE):
+                what = f"loading {spec.model_uri}" if spec.model_uri else "training"
+                progress(f"{what} estimator '{spec.kind}'")
             cache[key] = build_estimator(
-                arm.estimator,
-                replay=replay_frame,
-                history=history,
-                horizon=max(1, horizon),
-                model_uri=arm.model_uri,
+                spec, history=history, replay=replay_frame, horizon=_horizon(arm, cfg)
             )
         fitted[arm.label] = cache[key]
-        if arm.model_uri:
+        if spec.model_uri:
             info["loaded_from_registry"][arm.label] = {
-                "model_uri": arm.model_uri,
-                "version": _model_version(arm.model_uri),
+                "model_uri": spec.model_uri,
+                "version": registered_version(spec.model_uri),
             }
-        elif arm.needs_training:
+        elif spec.needs_history:
             info["trained_on_the_fly"][arm.label] = {"requests": len(history)}
     return replay_frame, fitted, info
 
 
-def _model_version(uri: str) -> str | None:
-    """The registry version an alias URI resolves to, when it can be looked up."""
-    try:
-        from mlflow import MlflowClient
-
-        from balanceroute.training.registry import model_uri
-
-        full = model_uri(uri)
-        if full.startswith("models:/") and "@" in full:
-            name, alias = full[len("models:/") :].split("@", 1)
-            return str(MlflowClient().get_model_version_by_alias(name, alias).version)
-        if full.startswith("models:/"):
-            return full.rsplit("/", 1)[-1]
-    except Exception:
-        return None
-    return None
+def _horizon(arm: RouterSpec, cfg: ABConfig) -> int:
+    """The horizon an arm's estimator predicts for: its own option, else the run's (at least 1)."""
+    return max(1, cfg.horizon if arm.horizon is None else arm.horizon)
 
 
 def run_task(
@@ -151,20 +138,13 @@ def run_task(
     frame["arrival_s"] = frame["arrival_s"] - frame["arrival_s"].iloc[0]
     arm = task.arm
     est = copy.deepcopy(estimator)
-    if arm.estimator in ("oracle", "noisy-oracle"):
-        est = build_estimator(
-            arm.estimator,
-            replay=frame,
-            history=None,
-            horizon=max(1, int(arm.options.get("horizon", cfg.horizon))),
-        )
-        if arm.estimator == "noisy-oracle":
-            est.seed = cfg.seed + task.repeat
-    spec = ReplaySpec(
-        router=arm.router,
-        predictor=arm.estimator,
-        model_uri=arm.model_uri,
-        router_options=dict(arm.options),
+    spec = arm.estimator
+    if spec is not None and spec.fitting is Fitting.TRACE:
+        if "seed" in {f.name for f in dataclasses.fields(estimator_class(spec.kind).Params)}:
+            spec = replace(spec, params={**spec.params, "seed": cfg.seed + task.repeat})
+        est = build_estimator(spec, replay=frame, horizon=_horizon(arm, cfg))
+    replay_spec = ReplaySpec(
+        router=arm,
         workers=task.workers,
         slots=cfg.slots,
         seed=cfg.seed + task.repeat,
@@ -172,9 +152,9 @@ def run_task(
         prefill=PrefillConfig(saturate=cfg.saturate, rate_scale=cfg.rate_scale),
         load=cfg.load,
     )
-    released, scale = released_requests(frame, spec)
+    released, scale = released_requests(frame, replay_spec)
     result, summary = replay(
-        frame, spec, estimator=est, released=released, record_loads=task.keep_traces
+        frame, replay_spec, estimator=est, released=released, record_loads=task.keep_traces
     )
     summary["config"]["prefill"]["rate_scale"] = scale
     out: dict[str, Any] = {
@@ -327,10 +307,3 @@ def _num(v: Any) -> float:
 
 def progress_printer(message: str) -> None:
     print(f"ab: {message}", file=sys.stderr, flush=True)
-
-
-def with_reference_first(cfg: ABConfig) -> ABConfig:
-    """The same configuration with arms ordered reference first (report readability)."""
-    ref = cfg.reference_arm()
-    arms = sorted(cfg.arms, key=lambda a: a.label != ref)
-    return replace(cfg, arms=tuple(arms))

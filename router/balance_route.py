@@ -1,4 +1,4 @@
-"""BalanceRoute: BR-0 and BR-H, the two-stage admission-and-routing heuristic (DESIGN 5.2-5.4).
+"""BalanceRoute: BR-0 and BR-H, the two-stage admission-and-routing heuristic (docs/design.md, "BR-0 and BR-H").
 
 Within one routing step, with ``c_g`` free slots and ``S_tot = sum c_g``:
 
@@ -17,7 +17,7 @@ Loads, margins and priorities are updated after every admission. ``br0`` scores 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -30,109 +30,25 @@ from balanceroute.predict.projection import (
     extend_survival,
     request_paths,
 )
-from balanceroute.router.kernels import FALLBACK, GUARD, STAGE1, STAGE2, br_step, warm_up
-from balanceroute.router.policy import Policy, RunContext, register
+from balanceroute.router.balance_config import (
+    BR0_DEFAULTS,
+    BRH_DEFAULTS,
+    GAMMA_MAX,
+    GAMMA_MIN,
+    PAPER_BRH,
+    BalanceRouteConfig,
+)
+from balanceroute.router.kernels import (
+    FALLBACK,
+    GUARD,
+    STAGE1,
+    STAGE2,
+    br_step,
+    compile_kernels,
+)
+from balanceroute.router.policy import Policy, RunContext
 from balanceroute.router.scoring import discount_weights
 from balanceroute.router.state import Admissions, RouterState
-
-PROJECTIONS = ("auto", "cutoff", "expected", "confident")
-GAMMA_MIN, GAMMA_MAX = 0.5, 0.995
-PENALTIES = ("sum", "max")
-
-
-@dataclass(frozen=True, slots=True)
-class BalanceRouteConfig:
-    """Knobs of BR-0/BR-H. ``None`` for ``beta``/``s_greedy`` means ``G`` (number of workers)."""
-
-    horizon: int = field(default=80, metadata={"help": "lookahead H in iterations"})
-    beta: float | None = field(default=43.0, metadata={"help": "overflow penalty (None = G)"})
-    gamma: float = field(
-        default=0.9,
-        metadata={"help": "discount per lookahead iteration (start value with auto_gamma)"},
-    )
-    auto_gamma: float | None = field(
-        default=30.0,
-        metadata={"help": "adapt gamma to 1 - X / (mean output of finished requests)"},
-    )
-    r_max: int = field(default=4, metadata={"help": "stage-2 candidate window (subset search)"})
-    s_greedy: int | None = field(
-        default=0, metadata={"help": "stage 1 runs while free slots exceed this (None = G)"}
-    )
-    window: int = field(default=32, metadata={"help": "stage-1 candidate window"})
-    projection: str = field(
-        default="auto",
-        metadata={
-            "help": "auto (the estimator's own: expected for learned ones) | cutoff | expected "
-            "| confident (cutoff only where p_finish >= confidence)"
-        },
-    )
-    confidence: float = field(
-        default=0.8, metadata={"help": "p_finish a confident projection needs"}
-    )
-    refill: bool = field(default=True, metadata={"help": "project freed slots refilled"})
-    penalty: str = field(default="sum", metadata={"help": "sum | max over the horizon"})
-    refresh: int = field(default=1, metadata={"help": "iterations between predictions"})
-    max_overtake: int | None = field(
-        default=1024, metadata={"help": "admit first once this many later requests passed"}
-    )
-    max_wait_s: float | None = field(
-        default=None, metadata={"help": "admit first after waiting this many seconds"}
-    )
-    max_wait_iters: int | None = field(
-        default=None, metadata={"help": "admit first after waiting this many iterations"}
-    )
-    kv_capacity: float | None = field(
-        default=None, metadata={"help": "per-worker KV token capacity over the horizon"}
-    )
-
-    def __post_init__(self) -> None:
-        checks = [
-            (self.horizon >= 0, f"horizon must be >= 0, got {self.horizon}"),
-            (self.beta is None or self.beta > 0, f"beta must be > 0, got {self.beta}"),
-            (0 < self.gamma <= 1, f"gamma must be in (0, 1], got {self.gamma}"),
-            (self.auto_gamma is None or self.auto_gamma > 0, "auto_gamma must be > 0"),
-            (1 <= self.r_max <= 12, f"r_max must be in 1..12, got {self.r_max}"),
-            (self.s_greedy is None or self.s_greedy >= 0, "s_greedy must be >= 0"),
-            (self.window >= 1, f"window must be >= 1, got {self.window}"),
-            (self.projection in PROJECTIONS, f"projection must be one of {PROJECTIONS}"),
-            (self.penalty in PENALTIES, f"penalty must be one of {PENALTIES}"),
-            (0 < self.confidence <= 1, f"confidence must be in (0, 1], got {self.confidence}"),
-            (self.refresh >= 1, f"refresh must be >= 1, got {self.refresh}"),
-            (self.max_overtake is None or self.max_overtake >= 1, "max_overtake must be >= 1"),
-            (self.kv_capacity is None or self.kv_capacity > 0, "kv_capacity must be > 0"),
-        ]
-        for ok, msg in checks:
-            if not ok:
-                raise UserError(f"invalid BalanceRoute configuration: {msg}")
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-BR0_DEFAULTS = BalanceRouteConfig(
-    horizon=0,
-    beta=None,
-    gamma=0.64,
-    auto_gamma=None,
-    s_greedy=None,
-    refill=False,
-    refresh=1,
-    projection="cutoff",
-)
-BRH_DEFAULTS = BalanceRouteConfig()
-# The paper's BR-H as published: (beta, gamma) = (14.67, 0.64), H = 80, predictions refreshed
-# every H iterations, stage 2 once free slots are few, no fairness guard.
-PAPER_BRH = BalanceRouteConfig(
-    horizon=80,
-    beta=14.67,
-    gamma=0.64,
-    refresh=80,
-    s_greedy=None,
-    refill=False,
-    auto_gamma=None,
-    max_overtake=None,
-    projection="cutoff",
-)
 
 
 def resolve_projection(projection: str, estimator: CompletionEstimator | None) -> str:
@@ -174,6 +90,7 @@ class OutputMean:
 class BalanceRoutePolicy(Policy):
     """The two-stage heuristic over projected margins; subclasses fix defaults and the estimator."""
 
+    options = BalanceRouteConfig
     defaults: BalanceRouteConfig = BRH_DEFAULTS
 
     def __init__(
@@ -215,7 +132,7 @@ class BalanceRoutePolicy(Policy):
             )
         self.projection = LoadProjection(g, cfg.horizon, cfg.refresh, ctx.requests.size)
         self.projection_mode = resolve_projection(cfg.projection, self.estimator)
-        warm_up()
+        compile_kernels()
         self.counters = np.zeros(4, dtype=np.int64)
         self.refreshes = 0
 
@@ -262,7 +179,7 @@ class BalanceRoutePolicy(Policy):
         return out
 
     # ---- projection ------------------------------------------------------------------------
-    def _projected_loads(self, state: RouterState, waiting: np.ndarray) -> np.ndarray:
+    def projected_loads(self, state: RouterState, waiting: np.ndarray) -> np.ndarray:
         """Loads ``(G, H+1)`` the step scores against (a fresh array the kernel may update).
 
         ``waiting`` holds the prompt sizes at the head of the pool (the refill's typical prompt).
@@ -314,7 +231,7 @@ class BalanceRoutePolicy(Policy):
         cfg = self.config
         cand = state.pool.head(due + max(cfg.window, cfg.r_max))
         prompts = state.requests.prompt_tokens[cand].astype(np.float64)
-        loads = self._projected_loads(state, prompts)
+        loads = self.projected_loads(state, prompts)
         idx, workers = br_step(
             loads,
             state.free_slots.copy(),
@@ -353,40 +270,25 @@ class BalanceRoutePolicy(Policy):
         return out
 
 
-@register
 class BR0Policy(BalanceRoutePolicy):
     """BR-0: current loads only (``H = 0``, ``beta = G``): the paper's prediction-free router."""
 
     name = "br0"
     defaults = BR0_DEFAULTS
+    takes_estimator = False
 
 
-@register
 class BRHPolicy(BalanceRoutePolicy):
     """BR-H: margins projected ``H`` iterations ahead from a completion estimator."""
 
     name = "brh"
     defaults = BRH_DEFAULTS
+    takes_estimator = True
 
 
-@register
 class PaperBRHPolicy(BalanceRoutePolicy):
     """BR-H exactly as the paper published it (``beta, gamma = 14.67, 0.64``), for comparison."""
 
     name = "brh-paper"
     defaults = PAPER_BRH
-
-
-def takes_options(router: str) -> bool:
-    """Whether a registered router is a BalanceRoute policy (br0, brh, brh-paper)."""
-    from balanceroute.router.policy import policy_class
-
-    return issubclass(policy_class(router), BalanceRoutePolicy)
-
-
-def takes_estimator(router: str) -> bool:
-    """Whether a registered router projects loads with a completion estimator."""
-    from balanceroute.router.policy import policy_class
-
-    cls = policy_class(router)
-    return issubclass(cls, BalanceRoutePolicy) and cls.defaults.horizon > 0
+    takes_estimator = True

@@ -14,7 +14,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from balanceroute.router.policy import Policy, RunContext, register
+from balanceroute.router.policy import Policy, RunContext
 from balanceroute.router.state import Admissions, RouterState
 
 
@@ -85,7 +85,6 @@ def sampled_assign(
     return out
 
 
-@register
 class RandomPolicy(FCFSPolicy):
     """Uniform among workers with a free slot."""
 
@@ -99,7 +98,6 @@ class RandomPolicy(FCFSPolicy):
         return sampled_assign(count, free, active, self.rng.random((count, 1)).tolist())
 
 
-@register
 class RoundRobinPolicy(FCFSPolicy):
     """Cyclic pointer; skip full workers; advance past each assignment."""
 
@@ -123,7 +121,6 @@ class RoundRobinPolicy(FCFSPolicy):
         return out
 
 
-@register
 class PowerOfTwoPolicy(FCFSPolicy):
     """Two uniform samples (with replacement) among open workers; the one with fewer requests."""
 
@@ -137,7 +134,6 @@ class PowerOfTwoPolicy(FCFSPolicy):
         return sampled_assign(count, free, active, self.rng.random((count, 2)).tolist())
 
 
-@register
 class CountJSQPolicy(FCFSPolicy):
     """Fewest active requests (the vllm-ascend default); ties to the lowest index."""
 
@@ -147,7 +143,6 @@ class CountJSQPolicy(FCFSPolicy):
         return smallest_key_assign(count, active, free, lambda key, j: key + 1)
 
 
-@register
 class TokenJSQPolicy(FCFSPolicy):
     """Smallest current KV load, counting this step's admissions; ties to the lowest index."""
 

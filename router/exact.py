@@ -1,4 +1,4 @@
-"""Exact one-step optimisation ``IO_H`` (DESIGN 5.5), solved as a MILP with HiGHS.
+"""Exact one-step optimisation ``IO_H`` (docs/design.md, "Exact optimisation"), solved as a MILP with HiGHS.
 
 Choose which waiting requests to admit and where, admitting exactly ``U = min(|pool|, free
 slots)`` (maximal), within free slots and an optional KV capacity, to minimise the discounted
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from balanceroute.router.policy import Policy, register
+from balanceroute.router.policy import Policy
 from balanceroute.router.scoring import discount_weights
 from balanceroute.router.state import Admissions, RouterState
 
@@ -154,7 +154,6 @@ def best_single(loads: np.ndarray, free: np.ndarray, prompts: np.ndarray) -> tup
     return j, int(open_[gi])
 
 
-@register
 class ExactPolicy(Policy):
     """``IO_0``: the exact current-imbalance step over the first ``candidates`` waiting requests.
 

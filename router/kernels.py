@@ -12,6 +12,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from balanceroute.predict.projection import LoadProjection
+
 # indices into the stats counter array
 GUARD, STAGE1, STAGE2, FALLBACK = 0, 1, 2, 3
 
@@ -257,69 +259,9 @@ def br_step(
     return out_i[:done], out_g[:done]
 
 
-@njit(cache=True, nogil=True)
-def cutoff_base(workers, workload, c, horizon, g_count, length, refill):
-    """Projected loads ``(G, length)`` of running requests in cutoff mode.
-
-    Request ``i`` contributes ``W_i + t`` at offsets ``t < d_i`` with ``d_i = ceil(c_i)``
-    (every offset if ``c_i >= horizon``); with ``refill >= 0`` its slot then holds a request of
-    that prompt, ``refill + (t - d_i)``. Returns the base and the offsets ``d``.
-    """
-    n = workers.shape[0]
-    ended = np.zeros((g_count, length + 1))
-    ended_w = np.zeros((g_count, length + 1))
-    ended_d = np.zeros((g_count, length + 1))
-    alive = np.zeros(g_count)
-    alive_w = np.zeros(g_count)
-    d = np.empty(n, dtype=np.int64)
-    for i in range(n):
-        if c[i] >= horizon:
-            di = length
-        else:
-            di = int(np.ceil(c[i]))
-            di = min(max(di, 1), length)
-        d[i] = di
-        g = workers[i]
-        alive[g] += 1.0
-        alive_w[g] += workload[i]
-        if di < length:
-            ended[g, di] += 1.0
-            ended_w[g, di] += workload[i]
-            ended_d[g, di] += di
-    base = np.empty((g_count, length))
-    for g in range(g_count):
-        cnt = alive[g]
-        w = alive_w[g]
-        gone = 0.0
-        gone_d = 0.0
-        for t in range(length):
-            cnt -= ended[g, t]
-            w -= ended_w[g, t]
-            gone += ended[g, t]
-            gone_d += ended_d[g, t]
-            v = w + cnt * t
-            if refill >= 0.0:
-                v += gone * (refill + t) - gone_d
-            base[g, t] = v
-    return base, d
-
-
-@njit(cache=True, nogil=True)
-def cutoff_remove(base, workers, workload, lengths, refill):
-    """Take finished requests' cutoff paths (and refills) out of ``base`` in place."""
-    length = base.shape[1]
-    for i in range(workers.shape[0]):
-        g = workers[i]
-        d = lengths[i]
-        for t in range(d):
-            base[g, t] -= workload[i] + t
-        if refill >= 0.0:
-            for t in range(d, length):
-                base[g, t] -= refill + t - d
-
-
-def warm_up() -> None:
-    """Load (or compile) the kernels now, so the first routing call does not pay for it."""
+def compile_kernels() -> None:
+    """Load (or compile) the step and projection kernels now, so the first routing call does
+    not pay for it."""
     loads = np.zeros((2, 2))
     br_step(
         loads,
@@ -336,5 +278,8 @@ def warm_up() -> None:
         1,
         np.zeros(4, dtype=np.int64),
     )
-    base, d = cutoff_base(np.zeros(1, dtype=np.int64), np.ones(1), np.ones(1), 2.0, 2, 3, -1.0)
-    cutoff_remove(base, np.zeros(1, dtype=np.int64), np.ones(1), d, -1.0)
+    projection = LoadProjection(2, 2, 1, 2)
+    projection.rebuild_cutoff(
+        0, np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64), np.ones(1), np.ones(1)
+    )
+    projection.remove(np.zeros(1, dtype=np.int64))

@@ -1,4 +1,4 @@
-"""Run metrics (DESIGN section 2) derived from a :class:`SimResult`."""
+"""Run metrics (docs/design.md, "Model and metrics") derived from a :class:`SimResult`."""
 
 from __future__ import annotations
 

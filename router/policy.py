@@ -1,4 +1,4 @@
-"""The one routing-policy interface and the registry from CLI name to policy class."""
+"""The one routing-policy interface: ``route(state)`` from a snapshot to admissions."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from balanceroute.features.errors import UserError
 from balanceroute.router.state import Admissions, RequestTable, RouterState
 
 
@@ -25,11 +24,17 @@ class RunContext:
 class Policy:
     """A routing policy: ``route(state)`` returns the admissions for one step.
 
-    ``route`` must be maximal (admit ``state.admissions_due`` requests), respect free slots and
-    never admit a request twice; the simulator checks every decision. Hooks default to nothing.
+    ``route`` must be maximal (admit ``state.admissions_due`` requests) unless ``maximal`` is
+    false (a KV capacity may leave slots free), respect free slots and never admit a request
+    twice; the simulator checks every decision. A policy declares its capabilities: whether it
+    projects loads with a completion estimator (``takes_estimator``) and the dataclass of its
+    options (``options``, None when it has none). Hooks default to nothing.
     """
 
     name: ClassVar[str] = ""
+    takes_estimator: ClassVar[bool] = False
+    options: ClassVar[type | None] = None
+    maximal: bool = True
 
     def reset(self, ctx: RunContext) -> None:
         """Start a new run (clear per-run state, seed randomness)."""
@@ -43,37 +48,10 @@ class Policy:
     ) -> None:
         """Requests that left at the start of ``iteration``; their output lengths are now known."""
 
+    def run_stats(self) -> dict[str, Any]:
+        """Counters of the run so far, merged into its summary (none by default)."""
+        return {}
+
     def describe(self) -> dict[str, Any]:
         """Resolved configuration, recorded next to every result."""
         return {"name": self.name}
-
-
-POLICIES: dict[str, type[Policy]] = {}
-
-
-def register(cls: type[Policy]) -> type[Policy]:
-    """Class decorator: make a policy selectable by its ``name``."""
-    if not cls.name:
-        raise ValueError(f"{cls.__name__} has no name")
-    POLICIES[cls.name] = cls
-    return cls
-
-
-def _load_all() -> None:
-    import balanceroute.router.balance_route
-    import balanceroute.router.baselines
-    import balanceroute.router.exact  # noqa: F401  (registers exact, the IO_0 reference)
-
-
-def policy_names() -> list[str]:
-    _load_all()
-    return list(POLICIES)
-
-
-def policy_class(name: str) -> type[Policy]:
-    """The policy class registered as ``name``; unknown names list the known ones."""
-    _load_all()
-    try:
-        return POLICIES[name]
-    except KeyError:
-        raise UserError(f"unknown router '{name}'; known routers: {', '.join(POLICIES)}") from None

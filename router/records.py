@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from balanceroute.features.files import atomic_output
 from balanceroute.router.metrics import queue_delay_s, tpot_s
 from balanceroute.router.simulator import SimResult
 
@@ -47,12 +48,10 @@ def request_frame(result: SimResult) -> pd.DataFrame:
 
 
 def write_records(result: SimResult, out: Path) -> None:
-    """``iterations.parquet`` and ``requests.parquet`` in ``out`` (atomic renames)."""
-    out.mkdir(parents=True, exist_ok=True)
+    """``iterations.parquet`` and ``requests.parquet`` in ``out`` (each written atomically)."""
     for name, frame in (
         ("iterations", iteration_frame(result)),
         ("requests", request_frame(result)),
     ):
-        tmp = out / f".{name}.parquet.tmp"
-        frame.to_parquet(tmp, index=False)
-        tmp.replace(out / f"{name}.parquet")
+        with atomic_output(out / f"{name}.parquet") as tmp:
+            frame.to_parquet(tmp, index=False)

@@ -1,44 +1,43 @@
 """One replay, end to end: requests -> prefill releases -> policy -> simulator -> summary.
 
 Used by ``balanceroute simulate``, the A/B harness and the benchmarks, so every entry point
-resolves workloads, estimators and policies the same way and records the same configuration.
+builds policies the same way and records the same configuration.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from balanceroute.features.errors import UserError
+from balanceroute.features.files import write_json
 from balanceroute.features.schema import to_arrays
 from balanceroute.features.split import time_split
 from balanceroute.predict.base import CompletionEstimator
-from balanceroute.predict.keys import AUTO_KEY, resolve_key_source
-from balanceroute.predict.registry import make_estimator
+from balanceroute.predict.factory import build_estimator
+from balanceroute.predict.remote import RemoteEstimator
 from balanceroute.router.cost import CostModel
 from balanceroute.router.metrics import summarize
-from balanceroute.router.policy import Policy, policy_class
 from balanceroute.router.prefill import (
     PrefillConfig,
     ReleasedRequests,
     rate_scale_for_load,
     release,
 )
+from balanceroute.router.records import write_records
 from balanceroute.router.simulator import SimConfig, SimResult, simulate
-
-TRAINING_FREE = ("none", "oracle")
+from balanceroute.router.specs import RouterSpec
 
 
 @dataclass(frozen=True, slots=True)
 class ReplaySpec:
     """Everything that defines one replay besides the requests."""
 
-    router: str = "count-jsq"
-    predictor: str | None = None
-    model_uri: str | None = None
-    router_options: dict[str, Any] = field(default_factory=dict)
+    router: RouterSpec = field(default_factory=lambda: RouterSpec("count-jsq"))
     workers: int = 8
     slots: int = 64
     seed: int = 0
@@ -51,61 +50,6 @@ class ReplaySpec:
             raise UserError(
                 f"need at least one worker and one slot, got G={self.workers}, B={self.slots}"
             )
-        from balanceroute.router.balance_route import takes_estimator
-
-        if self.predictor is not None and not takes_estimator(self.router):
-            raise UserError(
-                f"--predictor only applies to brh and brh-paper (got router '{self.router}')"
-            )
-
-
-def split_for_training(frame: pd.DataFrame, fraction: float) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Time-ordered split: the earlier ``fraction`` trains, the rest is replayed from t = 0."""
-    return time_split(frame, fraction, rebase_tail=True)
-
-
-def build_estimator(
-    name: str,
-    *,
-    replay: pd.DataFrame,
-    history: pd.DataFrame | None,
-    horizon: int,
-    model_uri: str | None = None,
-) -> CompletionEstimator:
-    """An estimator ready to predict on ``replay``: loaded, trained on ``history``, or oracle."""
-    if model_uri is not None:
-        from balanceroute.training.registry import load_estimator
-
-        est = load_estimator(model_uri)
-        if est.name != name:
-            raise UserError(f"model {model_uri} holds a '{est.name}' estimator, not '{name}'")
-        return est
-    params = {}
-    if name == "exactmatch":
-        has_keys = history is not None and bool(history["prompt_key"].notna().any())
-        params["key"] = resolve_key_source(AUTO_KEY, has_keys)
-    est = make_estimator(name, horizon=horizon, **params)
-    if name == "oracle":
-        return est.fit(replay)
-    if name == "none":
-        return est.fit()
-    if history is None:
-        raise UserError(f"estimator '{name}' needs training history or a --model-uri")
-    return est.fit(history)
-
-
-def build_policy(spec: ReplaySpec, estimator: CompletionEstimator | None) -> Policy:
-    """The policy named by ``spec.router``, with its options and estimator."""
-    cls = policy_class(spec.router)
-    from balanceroute.router.balance_route import takes_options
-
-    if takes_options(spec.router):
-        return cls(estimator=estimator, **spec.router_options)
-    if spec.router_options:
-        raise UserError(
-            f"router '{spec.router}' takes no options (got {sorted(spec.router_options)})"
-        )
-    return cls()
 
 
 def released_requests(frame: pd.DataFrame, spec: ReplaySpec) -> tuple[ReleasedRequests, float]:
@@ -134,7 +78,7 @@ def replay(
         released, scale = released_requests(frame, spec)
     else:
         scale = spec.prefill.rate_scale
-    policy = build_policy(spec, estimator)
+    policy = spec.router.build_policy(estimator)
     config = SimConfig(
         workers=spec.workers,
         slots=spec.slots,
@@ -145,10 +89,11 @@ def replay(
     )
     result = simulate(released, policy, config)
     summary = summarize(result)
+    est_spec = spec.router.estimator
     summary["config"] = {
         "router": result.policy,
-        "predictor": spec.predictor,
-        "model_uri": spec.model_uri,
+        "estimator": None if est_spec is None else est_spec.kind,
+        "model_uri": None if est_spec is None else est_spec.model_uri,
         "workers": spec.workers,
         "slots": spec.slots,
         "seed": spec.seed,
@@ -158,3 +103,58 @@ def replay(
         "requests": len(frame),
     }
     return result, summary
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteSpec:
+    """Predictions from a running ``balanceroute serve``, with the local estimator as fallback."""
+
+    url: str
+    timeout_s: float = 0.02
+
+
+def simulate_workload(
+    frame: pd.DataFrame,
+    source: dict[str, Any],
+    spec: ReplaySpec,
+    out: Path,
+    *,
+    train_fraction: float = 0.3,
+    remote: RemoteSpec | None = None,
+    progress: bool = False,
+    log: Callable[[str], None] = lambda message: None,
+) -> dict[str, Any]:
+    """One replay of a workload, end to end: train the router's estimator on the earlier
+    ``train_fraction`` of the requests if it learns from history (and replay the rest), or load
+    or build it; replay; write ``out/summary.json``, ``iterations.parquet``, ``requests.parquet``.
+    """
+    est_spec = spec.router.estimator
+    estimator = None
+    trained_on = None
+    if est_spec is not None:
+        history = None
+        if est_spec.needs_history:
+            history, frame = time_split(frame, train_fraction, rebase_tail=True)
+            trained_on = {"requests": len(history), "fraction": train_fraction}
+            log(
+                f"training '{est_spec.kind}' on the first {len(history)} requests; replaying "
+                f"the remaining {len(frame)}"
+            )
+        horizon = spec.router.horizon
+        estimator = build_estimator(
+            est_spec,
+            history=history,
+            replay=frame,
+            horizon=max(1, 80 if horizon is None else horizon),
+        )
+    if remote is not None:
+        estimator = RemoteEstimator(remote.url, fallback=estimator, timeout_s=remote.timeout_s)
+    result, summary = replay(frame, spec, estimator=estimator, progress=progress)
+    summary["config"]["workload"] = source
+    summary["config"]["trained_on"] = trained_on
+    if remote is not None:
+        summary.update(estimator.stats())
+        summary["config"]["estimator_url"] = remote.url
+    write_records(result, out)
+    write_json(out / "summary.json", summary)
+    return summary

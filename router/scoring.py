@@ -1,4 +1,4 @@
-"""BalanceRoute scores (DESIGN 5.2, 5.3) and the exact subset search within a candidate window.
+"""BalanceRoute scores (docs/design.md, "BR-0 and BR-H") and the exact subset search within a candidate window.
 
 ``F0_g(Q) = b(Q) - G * max(0, b(Q) - m_g)``: filling worker ``g``'s margin below the current
 maximum is rewarded one for one; overflowing it costs ``G - 1`` per token (the change of

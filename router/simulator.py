@@ -1,6 +1,6 @@
 """Discrete-iteration simulator of one synchronization group of ``G`` decode workers.
 
-Timing of iteration ``k`` (DESIGN section 2): requests whose last token was produced in
+Timing of iteration ``k`` (docs/design.md, "Model and metrics"): requests whose last token was produced in
 iteration ``k-1`` leave; every survivor grows by one token; released requests join the pool;
 the policy admits. Loads after admission define the imbalance and, through the cost model,
 the iteration's duration. Iterations with nothing to decide (no completion, no admission
@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from balanceroute.router.admission import admission_violation
 from balanceroute.router.cost import CostModel
 from balanceroute.router.policy import Policy, RunContext
 from balanceroute.router.prefill import ReleasedRequests
@@ -219,27 +220,17 @@ class DecodeSimulator:
         return RoutingViolation(f"policy '{self.policy.name}' at iteration {self.k}: {msg}")
 
     def _validate(self, pos: list[int], wk: list[int], due: int, free: list[int]) -> None:
-        if len(pos) != len(wk):
-            raise self._violation("positions and workers differ in length")
-        if len(pos) != due and (self.maximal or len(pos) > due):
-            raise self._violation(
-                f"admitted {len(pos)} requests but {due} were due (min(pool, free slots))"
-            )
-        admitted, head, released = self.admitted, self.head, self.released
-        seen: set[int] = set()
-        taken = [0] * len(free)
-        g_count = len(free)
-        for i, g in zip(pos, wk, strict=True):
-            if not head <= i < released:
-                raise self._violation(f"admitted request {i}, which is not in the pool")
-            if admitted[i] or i in seen:
-                raise self._violation(f"admitted request {i} twice")
-            seen.add(i)
-            if not 0 <= g < g_count:
-                raise self._violation(f"worker index {g} outside 0..{g_count - 1}")
-            taken[g] += 1
-            if taken[g] > free[g]:
-                raise self._violation(f"worker {g} given more than its {free[g]} free slots")
+        head, released, admitted = self.head, self.released, self.admitted
+        problem = admission_violation(
+            pos,
+            wk,
+            due=due,
+            free=free,
+            maximal=self.maximal,
+            waiting=lambda i: head <= i < released and not admitted[i],
+        )
+        if problem is not None:
+            raise self._violation(problem)
 
     def _apply(
         self, pos_arr: np.ndarray, pos: list[int], wk: list[int], loads, active, free, heap
@@ -283,7 +274,7 @@ class DecodeSimulator:
         t_token = cost.t_token_s
         policy = self.policy
         policy.reset(RunContext(g_count, b_slots, rq.table, seed=cfg.seed))
-        self.maximal = maximal = bool(getattr(policy, "maximal", True))
+        self.maximal = maximal = bool(policy.maximal)
 
         self.slot_req = np.full((g_count, b_slots), -1, dtype=np.int64)
         self.free_stack = [list(range(b_slots - 1, -1, -1)) for _ in range(g_count)]
@@ -413,7 +404,7 @@ class DecodeSimulator:
             trace_index=rq.table.trace_index,
             router_ns=np.asarray(router_ns, dtype=np.int64),
             sim_wall_s=time.perf_counter() - wall0,
-            extras=dict(getattr(policy, "run_stats", dict)()),
+            extras=dict(policy.run_stats()),
         )
 
     def _advance_span(self, span: int, loads, active, n_free: int, rec: _Recorder) -> None:

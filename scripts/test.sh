@@ -6,4 +6,5 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/bootstrap.sh"
 cd "$ROOT"
 ruff check --quiet .
+out="$(lint-imports --no-cache --no-logo 2>&1)" || { echo "$out" >&2; exit 1; }
 exec python -m pytest -q "$@"

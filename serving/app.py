@@ -17,9 +17,11 @@ from fastapi.openapi.utils import get_openapi
 from balanceroute.serving.body import request_components
 from balanceroute.serving.metrics import MetricsMiddleware, ServiceMetrics
 from balanceroute.serving.models import ModelStore, pin_lightgbm_threads
+from balanceroute.serving.route_schemas import RouteRequest
 from balanceroute.serving.routes import ROUTERS
 from balanceroute.serving.schemas import REQUEST_MODELS
 from balanceroute.serving.settings import ServeSettings
+from balanceroute.serving.snapshot import warm_router
 
 log = logging.getLogger("balanceroute.serve")
 TITLE = "BalanceRoute"
@@ -40,20 +42,11 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     """The generated document plus the schemas of the self-decoded request bodies."""
     if app.openapi_schema is None:
         doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
-        from balanceroute.serving.route_schemas import RouteRequest
-
         doc.setdefault("components", {}).setdefault("schemas", {}).update(
             request_components((*REQUEST_MODELS, RouteRequest))
         )
         app.openapi_schema = doc
     return app.openapi_schema
-
-
-def _warm_router() -> None:
-    """Import the router and run every policy once (imported here: it costs about 150 MB)."""
-    from balanceroute.serving.snapshot import warm_up
-
-    warm_up()
 
 
 def create_app(settings: ServeSettings, *, store: ModelStore | None = None) -> FastAPI:
@@ -74,7 +67,7 @@ def create_app(settings: ServeSettings, *, store: ModelStore | None = None) -> F
             if not settings.warm_router:
                 return
             try:
-                await anyio.to_thread.run_sync(_warm_router)
+                await anyio.to_thread.run_sync(warm_router)
             except Exception:  # routing still works, the first call just pays the cost
                 log.exception("router warm-up failed")
 

@@ -270,7 +270,7 @@ def _jsonable_params(est: CompletionEstimator) -> dict:
 
 
 def pin_lightgbm_threads(threads: int) -> bool:
-    """Cap LightGBM's OpenMP threads process-wide once it is loaded (DESIGN section 7)."""
+    """Cap LightGBM's OpenMP threads process-wide once it is loaded (docs/design.md, "LightGBM in a server")."""
     if "lightgbm" not in sys.modules:
         return False
     import ctypes

@@ -1,8 +1,7 @@
 """The ``POST /v1/route`` request: a snapshot of the group, a policy name and its options.
 
-Apart from :mod:`serving.schemas` because it is built from the router itself (the registered
-policy names, ``BalanceRouteConfig``'s fields), and importing the router costs the process about
-150 MB (its JIT-compiled kernels): a server that never routes never imports this module.
+Apart from :mod:`balanceroute.serving.schemas` because it is built from the router itself (the
+registered policy names, ``BalanceRouteConfig``'s fields): declared once, in the router.
 """
 
 from __future__ import annotations
@@ -12,8 +11,8 @@ from typing import Annotated, Any, Literal, get_args, get_type_hints
 
 from pydantic import BaseModel, Field, create_model, field_validator
 
-from balanceroute.router.balance_route import BalanceRouteConfig
-from balanceroute.router.policy import policy_names
+from balanceroute.router.balance_config import BalanceRouteConfig
+from balanceroute.router.registry import policy_names
 from balanceroute.serving.schemas import (
     MAX_HORIZON,
     MAX_SLOTS,
@@ -27,15 +26,7 @@ from balanceroute.serving.schemas import (
 )
 from balanceroute.serving.settings import MAX_REQUESTS
 
-NOT_SERVED = {"exact": "an offline MILP reference, seconds per step"}
-
-
-def served_policies() -> list[str]:
-    """Router names ``POST /v1/route`` accepts: every registered one but offline references."""
-    return [n for n in policy_names() if n not in NOT_SERVED]
-
-
-PolicyName = Literal[tuple(served_policies())]  # type: ignore[valid-type]
+PolicyName = Literal[tuple(policy_names(live=True))]  # type: ignore[valid-type]
 
 
 class _Options(BaseModel):
@@ -89,7 +80,7 @@ def _options_model() -> type[_Options]:
     return create_model(
         "BalanceRouteOptions",
         __base__=_Options,
-        __doc__="Overrides of ``router.balance_route.BalanceRouteConfig`` (br0 and brh only).",
+        __doc__="Overrides of ``BalanceRouteConfig`` (br0 and brh only).",
         **fields,
     )
 

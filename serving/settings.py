@@ -55,11 +55,13 @@ class ServeSettings(BaseSettings):
     )
     warm_router: bool = Field(
         default=True,
-        description="load and compile the router at startup (false: on the first /v1/route "
-        "call; saves about 150 MB in a server that only predicts)",
+        description="compile the router's kernels at startup (false: on the first /v1/route "
+        "call, which then pays for it)",
     )
     lightgbm_threads: int = Field(
-        default=1, ge=1, description="LightGBM threads in the server (DESIGN section 7)"
+        default=1,
+        ge=1,
+        description="LightGBM threads in the server (docs/design.md, 'LightGBM in a server')",
     )
     log_level: str = Field(default="info", description="log level (uvicorn and model swaps)")
     access_log: bool = Field(default=False, description="uvicorn access log (costs latency)")

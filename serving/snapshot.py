@@ -17,8 +17,10 @@ import numpy as np
 from balanceroute.features.errors import UserError
 from balanceroute.predict.base import CompletionEstimator
 from balanceroute.predict.no_prediction import NoPrediction
-from balanceroute.router.balance_route import takes_estimator, takes_options
-from balanceroute.router.policy import Policy, RunContext, policy_class
+from balanceroute.router.admission import admission_violation
+from balanceroute.router.kernels import compile_kernels
+from balanceroute.router.policy import Policy, RunContext
+from balanceroute.router.registry import policy_class, policy_names
 from balanceroute.router.state import (
     Admissions,
     ArrayPool,
@@ -27,7 +29,7 @@ from balanceroute.router.state import (
     RunningRequests,
 )
 from balanceroute.serving.decode import key_column, running_from_models
-from balanceroute.serving.route_schemas import RouteRequest, served_policies
+from balanceroute.serving.route_schemas import RouteRequest
 
 
 class InvalidOptions(ValueError):
@@ -102,17 +104,18 @@ def build_snapshot(req: RouteRequest) -> Snapshot:
 
 def lookahead(req: RouteRequest) -> int:
     """Iterations the requested policy projects ahead (0: it uses no completion estimator)."""
-    if not takes_estimator(req.policy):
+    cls = policy_class(req.policy)
+    if not cls.takes_estimator:
         return 0
     horizon = (req.options.overrides() if req.options is not None else {}).get("horizon")
-    return policy_class(req.policy).defaults.horizon if horizon is None else horizon
+    return cls.defaults.horizon if horizon is None else horizon
 
 
 def make_policy(req: RouteRequest, estimator: CompletionEstimator | None) -> Policy:
     """A fresh policy named by the request, with its options (BalanceRoute ones only)."""
     cls = policy_class(req.policy)
     options = req.options.overrides() if req.options is not None else {}
-    if not takes_options(req.policy):
+    if cls.options is None:
         if options:
             raise InvalidOptions(f"router '{req.policy}' takes no options (got {sorted(options)})")
         return cls()
@@ -125,25 +128,17 @@ def make_policy(req: RouteRequest, estimator: CompletionEstimator | None) -> Pol
 def check_decision(adm: Admissions, snap: Snapshot, maximal: bool) -> None:
     """The simulator's invariants: pool members only, once each, free slots, maximality."""
     state = snap.state
-    pos = adm.positions.tolist()
-    wk = adm.workers.tolist()
-    due = state.admissions_due
-    if len(pos) != len(wk):
-        raise DecisionError("positions and workers differ in length")
-    if len(pos) > due or (maximal and len(pos) != due):
-        raise DecisionError(f"admitted {len(pos)} requests but {due} were due")
     lo, hi = snap.running, snap.running + state.pool.size
-    taken = np.zeros(state.workers, dtype=np.int64)
-    seen: set[int] = set()
-    for p, g in zip(pos, wk, strict=True):
-        if not lo <= p < hi or p in seen:
-            raise DecisionError(f"admitted position {p} twice or from outside the pool")
-        if not 0 <= g < state.workers:
-            raise DecisionError(f"worker index {g} outside 0..{state.workers - 1}")
-        seen.add(p)
-        taken[g] += 1
-    if (taken > state.free_slots).any():
-        raise DecisionError("a worker was given more requests than its free slots")
+    problem = admission_violation(
+        adm.positions.tolist(),
+        adm.workers.tolist(),
+        due=state.admissions_due,
+        free=state.free_slots.tolist(),
+        maximal=maximal,
+        waiting=lambda p: lo <= p < hi,
+    )
+    if problem is not None:
+        raise DecisionError(problem)
 
 
 def decide(
@@ -157,7 +152,7 @@ def decide(
     except UserError as exc:
         raise InvalidOptions(str(exc)) from None
     adm = policy.route(snap.state)
-    check_decision(adm, snap, bool(getattr(policy, "maximal", True)))
+    check_decision(adm, snap, policy.maximal)
     offset = snap.running
     admissions = [
         {"id": snap.pool_ids[p - offset], "worker": g}
@@ -171,14 +166,15 @@ def prediction_free(horizon: int) -> CompletionEstimator:
     return NoPrediction(horizon=max(1, horizon)).fit()
 
 
-def warm_up() -> None:
+def warm_router() -> None:
     """Route one tiny snapshot with every served policy, so one-time costs (JIT compilation of
     the router's kernels) are paid at startup rather than by the first caller."""
+    compile_kernels()
     body = {
         "workers": [{"free_slots": 1, "running": [{"id": 0, "prompt_tokens": 8, "age": 1}]}],
         "pool": [{"id": 1, "prompt_tokens": 4}],
     }
-    for name in served_policies():
+    for name in policy_names(live=True):
         req = RouteRequest.model_validate({**body, "policy": name})
         horizon = lookahead(req)
         decide(req, prediction_free(horizon) if horizon else None)

@@ -6,17 +6,16 @@ artifacts are pickles and loading one runs code:
 - ``models:/NAME@ALIAS`` or ``models:/NAME/VERSION``: the MLflow registry that
   ``MLFLOW_TRACKING_URI`` names. The alias is resolved to a version and that exact version is
   loaded, so what is served and what is reported agree; the version's run gives the training
-  metrics and parameters. This runs in a child process (``python -m serving.fetch``) that hands
-  the native estimator back as a joblib file: importing MLflow would cost the server about
-  90 MB for good, the child costs a few seconds per (re)load, off the request path.
-- a local ``.joblib`` file (``CompletionEstimator.save``): its version is a digest of the bytes,
+  metrics and parameters. This runs in a child process (``python -m balanceroute.serving.fetch``)
+  that hands the native estimator back as a joblib file: importing MLflow would weigh on the
+  server for good, the child costs a few seconds per (re)load, off the request path.
+- a local ``.joblib`` file (``save_estimator``): its version is a digest of the bytes,
   which are read once, hashed and unpickled from memory, so the two cannot disagree.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import re
 import subprocess
@@ -26,10 +25,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import joblib
-
 from balanceroute.features.errors import UserError
 from balanceroute.predict.base import CompletionEstimator
+from balanceroute.predict.model_store import load_file, setup_mlflow
 
 _MODELS_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/@]+)|/(?P<version>\d+))$")
 FETCH_TIMEOUT_S = 600
@@ -80,13 +78,7 @@ def fetch(
     if digest == current and not force:
         return None
     resolved = Resolved(uri=uri, source="file", name=path.stem, version=digest)
-    return resolved, _as_estimator(joblib.load(io.BytesIO(payload)), uri)
-
-
-def _as_estimator(obj: object, uri: str) -> CompletionEstimator:
-    if not isinstance(obj, CompletionEstimator):
-        raise UserError(f"{uri} does not hold a completion estimator (got {type(obj).__name__})")
-    return obj
+    return resolved, load_file(payload, name=uri)
 
 
 def _fetch_registry(uri: str, current: str | None) -> tuple[Resolved, CompletionEstimator] | None:
@@ -108,15 +100,13 @@ def _fetch_registry(uri: str, current: str | None) -> tuple[Resolved, Completion
         if not meta.pop("changed"):
             return None
         meta["aliases"] = tuple(meta["aliases"])
-        return Resolved(**meta), _as_estimator(joblib.load(out), uri)
+        return Resolved(**meta), load_file(out, name=uri)
 
 
 def resolve_registry(uri: str) -> Resolved:
     """Look a ``models:/`` URI up in the MLflow registry (imports MLflow: call it in a child)."""
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
-
-    from balanceroute.training.tracking import setup_mlflow
 
     setup_mlflow()
     m = _MODELS_URI.match(uri)

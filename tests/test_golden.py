@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from balanceroute.predict.model_store import load_file
 from tests.golden.make_golden import (
     AB_ARGS,
     EVALUATE_ARGS,
@@ -30,12 +31,19 @@ GOLDEN = Path(__file__).resolve().parent / "golden"
 ROOT = GOLDEN.parents[1]
 CLI = [sys.executable, "-m", "balanceroute.cli"]
 TIMING = ("router_step_us", "sim_wall_s", "predictions_per_s", "fit_seconds")
+# Keys renamed since release 0.1.0 (one name per concept): the values must still match.
+RENAMED = {"predictor": "estimator"}
 
 
 def without_timings(value: Any) -> Any:
-    """``value`` with every key that measures wall-clock time removed, at any depth."""
+    """``value`` with every key that measures wall-clock time removed, at any depth, and the
+    keys renamed since release 0.1.0 under their new names."""
     if isinstance(value, dict):
-        return {k: without_timings(v) for k, v in value.items() if not any(t in k for t in TIMING)}
+        return {
+            RENAMED.get(k, k): without_timings(v)
+            for k, v in value.items()
+            if not any(t in k for t in TIMING)
+        }
     if isinstance(value, list):
         return [without_timings(v) for v in value]
     return value
@@ -87,11 +95,10 @@ def trace_and_snapshots():
 
 @pytest.mark.parametrize("kind", list(MODEL_PARAMS))
 def test_saved_models_predict_as_recorded(kind: str, trace_and_snapshots) -> None:
-    from balanceroute.predict.base import CompletionEstimator
 
     _, snap = trace_and_snapshots
     want = np.load(GOLDEN / "predictions.npz")
-    got = _predictions(CompletionEstimator.load(GOLDEN / "models" / f"{kind}.joblib"), snap, kind)
+    got = _predictions(load_file(GOLDEN / "models" / f"{kind}.joblib"), snap, kind)
     for name, value in got.items():
         np.testing.assert_array_equal(value, want[name], err_msg=name)
 

@@ -1,4 +1,9 @@
-"""Evaluate estimators on the time-ordered holdout: metrics, by-age metrics, plots, metrics.json."""
+"""Evaluate estimators on the time-ordered holdout: metrics, by-age metrics, plots, metrics.json.
+
+:func:`run_evaluate` is ``balanceroute evaluate``: it loads saved or registered estimators,
+replays the holdout prequentially (each prediction sees only the completions before it) and
+writes ``metrics.json`` and the plots.
+"""
 
 from __future__ import annotations
 
@@ -9,59 +14,71 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from balanceroute.features.causal import CausalConfig
-from balanceroute.features.schema import TraceArrays, to_arrays
-from balanceroute.predict.base import CompletedBatch, CompletionEstimator
+from balanceroute.features.errors import UserError
+from balanceroute.features.files import write_text
+from balanceroute.features.keys import AUTO_KEY
+from balanceroute.features.workload import WorkloadSpec, load_workload
+from balanceroute.predict.base import CompletionEstimator
+from balanceroute.predict.model_store import DEFAULT_MODEL_NAME, load_estimator
+from balanceroute.training.holdout import Holdout, make_holdout, observe_training_part
 from balanceroute.training.metrics import reliability, score, score_by_age
 from balanceroute.training.plots import brier_by_age_plot, reliability_plot
-from balanceroute.training.replay import predictions_per_second, replay_predict
-from balanceroute.training.snapshots import holdout_snapshots
-from balanceroute.training.split import time_split
-
-SNAPSHOTS_PER_REQUEST = 3
+from balanceroute.training.prediction_replay import predictions_per_second, replay_predictions
 
 
 @dataclass(frozen=True, slots=True)
-class Holdout:
-    """A trace split in time, with the seeded test snapshots every estimator is scored on."""
+class EvaluateConfig:
+    """What ``balanceroute evaluate`` scores, on which requests, and where it writes."""
 
-    train: pd.DataFrame
-    arrays: TraceArrays  # the whole trace, train rows first
-    first_test: int
-    index: np.ndarray
-    age: np.ndarray
-
-    @property
-    def remaining(self) -> np.ndarray:
-        return self.arrays.output_tokens[self.index] - self.age
-
-
-def make_holdout(trace: pd.DataFrame, train_fraction: float = 0.7, seed: int = 0) -> Holdout:
-    """Split ``trace`` in time and draw three snapshots per test request at random ages."""
-    train, test = time_split(trace, train_fraction)
-    arrays = to_arrays(pd.concat([train, test], ignore_index=True))
-    index, age = holdout_snapshots(arrays.output_tokens, len(train), SNAPSHOTS_PER_REQUEST, seed)
-    return Holdout(train, arrays, len(train), index, age)
+    workload: WorkloadSpec
+    out: Path
+    model_uri: str | None = None
+    kinds: tuple[str, ...] = ()
+    model_name: str = DEFAULT_MODEL_NAME
+    horizon: int = 80
+    warmup: bool = False
+    key: str = AUTO_KEY
 
 
-def warm_up(estimator: CompletionEstimator, holdout: Holdout, cfg: CausalConfig) -> None:
-    """Observe the training requests in finish order (for a model fitted on other data)."""
-    a = holdout.arrays
-    n = holdout.first_test
-    finish = cfg.finish_times(a)[:n]
-    o = np.argsort(finish, kind="stable")
-    estimator.observe(
-        CompletedBatch(a.prompt_tokens[o], a.output_tokens[o], a.prompt_key[o], finish[o])
-    )
+def run_evaluate(cfg: EvaluateConfig) -> dict[str, dict[str, Any]]:
+    """Load the models, replay the holdout, write ``out/metrics.json`` and plots."""
+    if not cfg.model_uri and not cfg.kinds:
+        raise UserError("give --model-uri or --estimator")
+    estimators: dict[str, CompletionEstimator] = {}
+    if cfg.model_uri:
+        est = load_estimator(cfg.model_uri, cfg.model_name)
+        estimators[est.name] = est
+    for kind in cfg.kinds:
+        estimators[kind] = load_estimator(f"models:/{cfg.model_name}@{kind}", cfg.model_name)
+    for est in estimators.values():
+        own = getattr(est, "key_", None)
+        if cfg.key != AUTO_KEY and own is not None and own != cfg.key:
+            raise UserError(f"the {est.name} model was trained with key '{own}', not '{cfg.key}'")
+    frame, source = load_workload(cfg.workload)
+    progress(f"loaded {len(frame):,} requests ({source['kind']}, sha256 {source['sha256'][:12]})")
+    holdout = make_holdout(frame, seed=cfg.workload.seed)
+    metrics: dict[str, dict[str, Any]] = {}
+    curves: dict[str, dict[str, list[float]]] = {}
+    for kind, est in estimators.items():
+        if cfg.warmup:
+            observe_training_part(est, holdout, CausalConfig())
+        progress(f"evaluating {kind} on {holdout.index.size:,} snapshots")
+        metrics[kind], curves[kind] = evaluate_estimator(est, holdout, cfg.horizon)
+        progress(f"{kind}: brier {metrics[kind]['brier']:.4f} auc {metrics[kind]['auc']:.4f}")
+    paths = write_report(cfg.out, metrics, curves)
+    progress(f"wrote {paths['metrics']}")
+    return metrics
 
 
 def evaluate_estimator(
     estimator: CompletionEstimator, holdout: Holdout, horizon: int
 ) -> tuple[dict[str, Any], dict[str, list[float]]]:
     """Metrics (with ``by_age`` and ``predictions_per_s``) and reliability curve of one estimator."""
-    res = replay_predict(estimator, holdout.arrays, holdout.first_test, holdout.index, holdout.age)
+    res = replay_predictions(
+        estimator, holdout.arrays, holdout.first_test, holdout.index, holdout.age
+    )
     r = holdout.remaining
     metrics: dict[str, Any] = score(res.p_finish, res.c, r, horizon)
     metrics["predictions_per_s"] = predictions_per_second(
@@ -79,9 +96,8 @@ def write_report(
     curves: dict[str, dict[str, list[float]]],
 ) -> dict[str, Path]:
     """metrics.json and the two plots in ``out_dir``; returns their paths."""
-    out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"metrics": out_dir / "metrics.json"}
-    paths["metrics"].write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    write_text(paths["metrics"], json.dumps(metrics, indent=2, sort_keys=True) + "\n")
     paths["reliability"] = reliability_plot(curves, out_dir / "reliability.png")
     by_age = {k: m["by_age"] for k, m in metrics.items()}
     paths["brier_by_age"] = brier_by_age_plot(by_age, out_dir / "brier_by_age.png")

@@ -2,7 +2,7 @@
 
 Input frame columns ``prompt_tokens``, ``age`` and optionally ``prompt_key`` (strings are hashed
 like the trace loaders do; integers are taken as already-hashed uint64 keys); output columns
-``p_finish`` and ``c``. :func:`training.registry.load_estimator` unwraps it to the native estimator.
+``p_finish`` and ``c``. :func:`balanceroute.predict.model_store.load_estimator` reads the estimator file it holds.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import numpy as np
 import pandas as pd
 
 from balanceroute.features.schema import hash_keys
-from balanceroute.predict.base import CompletionEstimator, RunningBatch
+from balanceroute.predict.base import RunningBatch
+from balanceroute.predict.model_store import ESTIMATOR_ARTIFACT, load_file
 
-ESTIMATOR_ARTIFACT = "estimator"
 PIP_REQUIREMENTS = ["mlflow", "lightgbm", "scikit-learn", "pandas", "numpy", "joblib", "scipy"]
 
 
@@ -40,7 +40,7 @@ class CompletionPyfunc(mlflow.pyfunc.PythonModel):
     """pyfunc adapter: DataFrame in, DataFrame (p_finish, c) out."""
 
     def load_context(self, context: Any) -> None:
-        self.estimator = CompletionEstimator.load(context.artifacts[ESTIMATOR_ARTIFACT])
+        self.estimator = load_file(context.artifacts[ESTIMATOR_ARTIFACT])
 
     def predict(
         self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None

@@ -9,6 +9,7 @@ fails the run is marked FAILED and the error says where the local artifacts are.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
@@ -17,26 +18,32 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from balanceroute.features.errors import UserError
-from balanceroute.features.workload import load_workload
-from balanceroute.predict.base import CompletionEstimator
-from balanceroute.predict.keys import AUTO_KEY, check_key_source, resolve_key_source
-from balanceroute.predict.registry import estimator_names, make_estimator
+from balanceroute.features.files import write_text
+from balanceroute.features.keys import AUTO_KEY, check_key_source, resolve_key_source
+from balanceroute.features.workload import WorkloadSpec, load_workload
+from balanceroute.predict.base import Fitting
+from balanceroute.predict.factory import EstimatorSpec, build_estimator
+from balanceroute.predict.model_store import (
+    DEFAULT_MODEL_NAME,
+    save_estimator,
+    setup_mlflow,
+    tracking_uri,
+)
+from balanceroute.predict.registry import estimator_class, estimator_names
 from balanceroute.training.evaluate import (
     evaluate_estimator,
     flat_metrics,
-    make_holdout,
     progress,
     write_report,
 )
+from balanceroute.training.holdout import make_holdout
+from balanceroute.training.pyfunc import PIP_REQUIREMENTS, CompletionPyfunc, signature
 from balanceroute.training.tracking import (
     DEFAULT_ESTIMATORS,
     DEFAULT_EXPERIMENT,
-    DEFAULT_MODEL_NAME,
     TrackingError,
-    tracking_uri,
 )
 
 
@@ -44,11 +51,7 @@ from balanceroute.training.tracking import (
 class TrainConfig:
     """Everything ``train`` needs; written as config.json next to the artifacts."""
 
-    trace: str | None = None
-    preset: str | None = None
-    requests: int | None = None
-    seed: int = 0
-    key_blocks: int = 2
+    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
     horizon: int = 80
     estimators: tuple[str, ...] = DEFAULT_ESTIMATORS
     key: str = AUTO_KEY
@@ -59,9 +62,16 @@ class TrainConfig:
     estimator_params: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
+def trainable_estimators() -> list[str]:
+    """Kinds ``train`` fits: deployable estimators that learn from history."""
+    return [
+        n for n in estimator_names(deployable=True) if estimator_class(n).fitting is Fitting.HISTORY
+    ]
+
+
 def check_estimators(kinds: tuple[str, ...]) -> tuple[str, ...]:
     """Refuse unknown or non-deployable estimator names before any work starts."""
-    known = [n for n in estimator_names() if n not in ("oracle", "none")]
+    known = trainable_estimators()
     bad = [k for k in kinds if k not in known]
     if bad or not kinds:
         raise UserError(
@@ -70,17 +80,13 @@ def check_estimators(kinds: tuple[str, ...]) -> tuple[str, ...]:
     return kinds
 
 
-def resolve_key(key: str, trace: pd.DataFrame) -> str:
-    """``auto``: the prompt hash when the trace has keys, else the exact prompt length."""
-    return resolve_key_source(key, bool(trace["prompt_key"].notna().any()))
-
-
-def build_estimator(cfg: TrainConfig, kind: str, key: str) -> CompletionEstimator:
-    """An unfitted estimator of ``kind`` with the run's horizon (and key for exactmatch)."""
-    params: dict[str, Any] = {"horizon": cfg.horizon, **cfg.estimator_params.get(kind, {})}
-    if kind == "exactmatch":
-        params["key"] = key
-    return make_estimator(kind, **params)
+def estimator_spec(cfg: TrainConfig, kind: str) -> EstimatorSpec:
+    """The spec of one kind: the run's horizon, its key source where it has one, overrides."""
+    names = {f.name for f in dataclasses.fields(estimator_class(kind).Params)}
+    params: dict[str, Any] = {"horizon": cfg.horizon}
+    if "key" in names:
+        params["key"] = cfg.key
+    return EstimatorSpec(kind, params={**params, **cfg.estimator_params.get(kind, {})})
 
 
 def run_name() -> str:
@@ -94,16 +100,10 @@ def run_train(cfg: TrainConfig) -> dict[str, Any]:
         check_key_source(cfg.key)
     if cfg.horizon < 1:
         raise UserError(f"horizon must be at least 1, got {cfg.horizon}")
-    frame, source = load_workload(
-        trace=cfg.trace,
-        preset=cfg.preset,
-        requests=cfg.requests,
-        seed=cfg.seed,
-        key_blocks=cfg.key_blocks,
-    )
+    frame, source = load_workload(cfg.workload)
     progress(f"loaded {len(frame):,} requests ({source['kind']}, sha256 {source['sha256'][:12]})")
-    holdout = make_holdout(frame, cfg.train_fraction, cfg.seed)
-    key = resolve_key(cfg.key, frame)
+    holdout = make_holdout(frame, cfg.train_fraction, cfg.workload.seed)
+    key = resolve_key_source(cfg.key, bool(frame["prompt_key"].notna().any()))
     name = run_name()
     out_dir = Path(cfg.out) if cfg.out else Path("artifacts") / "models" / name
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -114,9 +114,9 @@ def run_train(cfg: TrainConfig) -> dict[str, Any]:
     for kind in kinds:
         t0 = time.perf_counter()
         progress(f"fitting {kind} on {len(holdout.train):,} requests")
-        est = build_estimator(cfg, kind, key).fit(holdout.train)
+        est = build_estimator(estimator_spec(cfg, kind), history=holdout.train)
         fit_s = time.perf_counter() - t0
-        files[kind] = est.save(out_dir / f"{kind}.joblib")
+        files[kind] = save_estimator(est, out_dir / f"{kind}.joblib")
         params[kind] = est.params()
         progress(f"evaluating {kind} on {holdout.index.size:,} snapshots")
         metrics[kind], curves[kind] = evaluate_estimator(est, holdout, cfg.horizon)
@@ -139,7 +139,7 @@ def run_train(cfg: TrainConfig) -> dict[str, Any]:
         "estimator_params": params,
         "metrics": {k: {m: v for m, v in d.items() if m != "by_age"} for k, d in metrics.items()},
     }
-    (out_dir / "config.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    write_text(out_dir / "config.json", json.dumps(summary, indent=2, default=str) + "\n")
     progress(f"artifacts saved locally in {out_dir.resolve()}")
     try:
         summary["registry"] = log_to_mlflow(cfg, summary, files, report, metrics, out_dir)
@@ -163,7 +163,7 @@ def _params(cfg: TrainConfig, summary: dict[str, Any]) -> dict[str, Any]:
         "train_fraction": cfg.train_fraction,
         "n_train": summary["n_train"],
         "n_test": summary["n_test"],
-        "seed": cfg.seed,
+        "seed": cfg.workload.seed,
         "source_kind": src["kind"],
         "source": src.get("path") or src.get("preset"),
         "trace_sha256": src["sha256"],
@@ -183,13 +183,9 @@ def log_to_mlflow(
     out_dir: Path,
 ) -> dict[str, Any]:
     """Log the run and register one model version per estimator; returns versions and aliases."""
-    from balanceroute.training.tracking import setup_mlflow
-
     uri = setup_mlflow(cfg.experiment)
     import mlflow
     from mlflow import MlflowClient
-
-    from balanceroute.training.pyfunc import PIP_REQUIREMENTS, CompletionPyfunc, signature
 
     progress(f"logging to MLflow at {uri}")
     client = MlflowClient()

@@ -1,12 +1,12 @@
 """``POST /v1/route``: one admission-and-routing decision on a posted snapshot.
 
-The router (its registry and JIT-compiled kernels, about 150 MB) is imported by the first call,
-or at startup when ``warm_router`` is on (the default), never by a server that only predicts.
+The router's kernels are compiled (or loaded from numba's cache) at startup when
+``warm_router`` is on (the default), else by the first call.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request
 
@@ -15,10 +15,15 @@ from balanceroute.serving.body import json_body, openapi_body
 from balanceroute.serving.decode import check_count, validate
 from balanceroute.serving.deps import Authorized, field_error, services
 from balanceroute.serving.models import LoadedModel, ModelStore, NotReady, UnknownModel
+from balanceroute.serving.route_schemas import RouteRequest
 from balanceroute.serving.schemas import RouteResponse
-
-if TYPE_CHECKING:
-    from balanceroute.serving.route_schemas import RouteRequest
+from balanceroute.serving.snapshot import (
+    DecisionError,
+    InvalidOptions,
+    decide,
+    lookahead,
+    prediction_free,
+)
 
 router = APIRouter(prefix="/v1", tags=["route"], dependencies=[Authorized])
 
@@ -41,7 +46,6 @@ def _model_for(
     req: RouteRequest, store: ModelStore, horizon: int
 ) -> tuple[LoadedModel | None, CompletionEstimator | None, str | None]:
     """(model, estimator, fallback reason): only policies that look ahead (H > 0) use one."""
-    from balanceroute.serving.snapshot import prediction_free
 
     if horizon == 0:
         return None, None, None
@@ -61,7 +65,6 @@ def _decide(
     horizon: int,
 ) -> tuple[list[dict[str, Any]], dict[str, Any], LoadedModel | None, str | None]:
     """The decision with the model; if the model fails on this snapshot, the one without it."""
-    from balanceroute.serving.snapshot import DecisionError, InvalidOptions, decide, prediction_free
 
     try:
         return *decide(req, estimator), model, None
@@ -87,8 +90,6 @@ async def route(request: Request) -> RouteResponse:
     When the model cannot be used (not loaded yet, or it fails on this snapshot), they run on the
     ``none`` estimator and ``fallback`` says why: a routing call never fails for the model.
     """
-    from balanceroute.serving.route_schemas import RouteRequest
-    from balanceroute.serving.snapshot import DecisionError, InvalidOptions, lookahead
 
     svc = services(request)
     data = await json_body(request)

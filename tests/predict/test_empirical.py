@@ -94,36 +94,3 @@ def test_observe_window_is_bounded_and_matches_refit():
     ref.fit(rest.iloc[-window:].assign(arrival_s=np.arange(window, dtype=float)))
     batch = RunningBatch(a.prompt_tokens[:40], np.arange(40) % 7, a.prompt_key[:40])
     np.testing.assert_allclose(online.predict(batch).p_finish, ref.predict(batch).p_finish)
-
-
-def _replayed_counts(keys, out, upto, window):
-    """KeyedCounts and SlidingWindow fed the first ``upto`` completions in uneven batches."""
-    from balanceroute.predict.empirical import KeyedCounts, SlidingWindow
-
-    keyed, ring = KeyedCounts(), SlidingWindow(window)
-    for lo in range(0, upto, 37):
-        hi = min(lo + 37, upto)
-        ev_k, ev_o, keep = ring.push(keys[lo:hi], out[lo:hi])
-        keyed.remove(ev_k, ev_o)
-        keyed.add(keys[lo:hi][keep], out[lo:hi][keep])
-    return keyed
-
-
-def test_asof_key_terms_match_the_online_counts_at_every_point():
-    """The offline as-of sweep answers each query as KeyedCounts would at that point in time."""
-    from balanceroute.predict.empirical import asof_key_terms
-
-    rng = np.random.default_rng(0)
-    n, window, horizon = 900, 250, 16
-    keys = rng.integers(0, 30, n).astype(np.uint64)  # key 0 = none, mixed in
-    out = rng.integers(1, 120, n)
-    q = 300
-    done = rng.integers(0, n + 1, q)
-    q_keys = rng.integers(0, 33, q).astype(np.uint64)  # some never seen
-    ages = rng.integers(0, 130, q)
-    offline = asof_key_terms(keys, out, q_keys, done, ages, horizon, window)
-    for j in range(0, q, 5):
-        keyed = _replayed_counts(keys, out, int(done[j]), window)
-        online = keyed.query(q_keys[[j]], ages[[j]], horizon)
-        for got, want in zip(offline, online, strict=True):
-            assert got[j] == want[0]

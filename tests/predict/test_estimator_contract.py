@@ -7,6 +7,7 @@ import pytest
 
 from balanceroute.features.schema import to_arrays
 from balanceroute.predict.base import NotFittedError, RunningBatch, from_survival
+from balanceroute.predict.model_store import load_file, save_estimator
 from balanceroute.predict.registry import estimator_names, make_estimator
 from tests.predict.conftest import FAST_PARAMS, HORIZON
 
@@ -72,8 +73,8 @@ def test_survival_curves(fitted, small_trace):
 def test_save_load_round_trip(fitted, small_trace, tmp_path):
     name, est = fitted
     batch = _batch(small_trace, seed=1)
-    path = est.save(tmp_path / f"{name}.joblib")
-    again = type(est).load(path)
+    path = save_estimator(est, tmp_path / f"{name}.joblib")
+    again = load_file(path)
     a, b = est.predict(batch), again.predict(batch)
     np.testing.assert_array_equal(a.p_finish, b.p_finish)
     np.testing.assert_array_equal(a.c, b.c)

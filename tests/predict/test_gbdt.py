@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
-import lightgbm as lgb
 import numpy as np
 import pytest
 
@@ -16,55 +14,9 @@ from balanceroute.predict.calibration import (
     expected_calibration_error,
     fit_platt,
 )
-from balanceroute.predict.gbdt import Forest, GBDTEstimator
+from balanceroute.predict.gbdt import GBDTEstimator
+from balanceroute.predict.model_store import save_estimator
 from tests.predict.conftest import FAST_PARAMS, HORIZON
-
-
-def _data(n: int = 3000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(n, 6))
-    x[rng.random(x.shape) < 0.15] = np.nan  # missing values on every feature
-    x[:, 5] = np.where(rng.random(n) < 0.3, 0.0, x[:, 5])  # exact zeros too
-    y = np.nan_to_num(x[:, 0]) + 0.5 * np.nan_to_num(x[:, 1]) + rng.normal(size=n) > 0
-    return x, y.astype(np.float64)
-
-
-@pytest.mark.parametrize(
-    "params",
-    [
-        {"objective": "binary", "num_leaves": 8, "max_depth": 3},  # heap layout
-        {"objective": "binary", "num_leaves": 31},  # deep trees: generic walk
-        {"objective": "regression", "num_leaves": 15, "max_depth": 4},
-        {"objective": "binary", "num_leaves": 64, "max_depth": 6},  # widest bitmask
-        {"objective": "binary", "num_leaves": 100, "max_depth": 7},  # heap, no bitmask
-        {"objective": "binary", "num_leaves": 8, "max_depth": 3, "zero_as_missing": True},
-        {"objective": "binary", "num_leaves": 8, "use_missing": False},
-    ],
-)
-def test_forest_reproduces_lightgbm_raw_scores(params):
-    x, y = _data()
-    booster = lgb.train(
-        {**params, "min_data_in_leaf": 20, "verbose": -1, "num_threads": 1, "seed": 0},
-        lgb.Dataset(x, y),
-        num_boost_round=25,
-    )
-    forest = Forest.from_booster(booster)
-    if "max_depth" in params:  # shallow: the heap layout, unless zero counts as missing
-        assert (forest.heap_leaf is not None) == (not params.get("zero_as_missing"))
-    if params.get("num_leaves") == 31:
-        assert forest.heap_leaf is None
-    probe, _ = _data(777, seed=1)
-    probe[:5] = np.nan
-    probe[5:10] = 0.0
-    want = booster.predict(probe, raw_score=True)
-    np.testing.assert_array_equal(forest.raw(probe), want)
-    np.testing.assert_array_equal(forest.raw(np.asfortranarray(probe)), want)
-    if forest.heap_leaf is not None:
-        assert (forest.leaf_mask is not None) == (forest.depth <= 6)
-        heap = replace(forest, leaf_mask=None)  # the heap descent on the same trees
-        np.testing.assert_array_equal(heap.raw(probe), want)
-    generic = replace(forest, heap_leaf=None, leaf_mask=None)  # the node-walk kernel
-    np.testing.assert_array_equal(generic.raw(probe), want)
 
 
 def test_fit_platt_recovers_parameters():
@@ -126,11 +78,12 @@ def test_saved_model_keeps_lightgbm_text_and_loads_without_lightgbm(small_trace,
     clf, reg = est.boosters()
     np.testing.assert_array_equal(clf.predict(x, raw_score=True), est.forests_[0].raw(x))
     np.testing.assert_array_equal(reg.predict(x, raw_score=True), est.forests_[1].raw(x))
-    path = est.save(tmp_path / "gbdt.joblib")
+    path = save_estimator(est, tmp_path / "gbdt.joblib")
     code = (
         "import sys, numpy as np\n"
-        "from balanceroute.predict.base import CompletionEstimator, RunningBatch\n"
-        f"est = CompletionEstimator.load({str(path)!r})\n"
+        "from balanceroute.predict.base import RunningBatch\n"
+        "from balanceroute.predict.model_store import load_file\n"
+        f"est = load_file({str(path)!r})\n"
         "p = est.predict(RunningBatch(np.array([100, 900]), np.array([0, 7]), None))\n"
         "assert p.p_finish.shape == (2,)\n"
         "print(sorted(m for m in ('lightgbm', 'sklearn', 'scipy.signal') if m in sys.modules))\n"

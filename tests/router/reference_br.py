@@ -1,4 +1,4 @@
-"""A plain-Python transcription of DESIGN 5.4: the test oracle for the compiled kernel.
+"""A plain-Python transcription of the two stages (docs/design.md, "BR-0 and BR-H"): the test oracle for the compiled kernel.
 
 Slow and obvious on purpose: lists, explicit loops, one rule per block. Ties go to the first
 candidate (pool order), the first worker index and the first subset in bit-pattern order.

@@ -9,7 +9,7 @@ import pytest
 from balanceroute.cli import main as balanceroute_main
 from balanceroute.features.errors import UserError
 from balanceroute.router.ab import ABConfig, aggregate, run_ab
-from balanceroute.router.arms import parse_arm, parse_arms
+from balanceroute.router.specs import RouterSpec, parse_arms
 
 ARMS = "count-jsq,token-jsq,br0,brh:none,brh:survival,brh:oracle{gamma=0.9;beta=20}"
 
@@ -143,14 +143,14 @@ def _untimed(repeats: list[dict]) -> list[dict]:
     [
         ("fastest", "unknown router 'fastest'; known routers:"),
         ("brh:magic", "unknown estimator 'magic'; known estimators:"),
-        ("count-jsq:oracle", "only brh and brh-paper take an estimator"),
+        ("count-jsq:oracle", "takes no estimator; routers that do: brh, brh-paper"),
         ("brh:oracle{gamma}", "is not name=value"),
-        ("br0{bogus=1}", "unknown option"),
+        ("br0{bogus=1}", r"unknown br0 option\(s\) \[.bogus.\]; known: auto_gamma"),
     ],
 )
 def test_bad_arm_strings_are_clear_errors(text, needle):
     with pytest.raises(UserError, match=needle):
-        parse_arm(text)
+        RouterSpec.parse(text)
 
 
 def test_bad_arm_on_the_command_line_exits_2(capsys, tmp_path):
@@ -174,12 +174,13 @@ def test_bad_arm_on_the_command_line_exits_2(capsys, tmp_path):
 
 
 def test_arm_strings_parse_uris_and_options():
-    arm = parse_arm("brh:gbdt@models:/completion-predictor@champion")
-    assert (arm.router, arm.estimator, arm.model_uri) == (
+    arm = RouterSpec.parse("brh:gbdt@models:/completion-predictor@champion")
+    assert (arm.router, arm.estimator.kind, arm.estimator.model_uri) == (
         "brh",
         "gbdt",
         "models:/completion-predictor@champion",
     )
-    arm = parse_arm("brh:oracle{gamma=0.98;beta=43;refill=true}")
+    arm = RouterSpec.parse("brh:oracle{gamma=0.98;beta=43;refill=true}")
     assert arm.options == {"gamma": 0.98, "beta": 43, "refill": True}
-    assert parse_arm("brh").estimator == "none"
+    assert RouterSpec.parse("brh").estimator.kind == "none"
+    assert RouterSpec.parse("count-jsq").estimator is None

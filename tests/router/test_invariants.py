@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from balanceroute.predict.oracle import OracleEstimator
-from balanceroute.router.policy import policy_class, policy_names
+from balanceroute.router.registry import policy_class, policy_names
 from balanceroute.router.simulator import SimConfig, simulate
 from tests.router.helpers import frame, occupancy, released
 

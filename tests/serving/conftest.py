@@ -12,6 +12,7 @@ from service_helpers import Server
 
 from balanceroute.features.schema import hash_keys
 from balanceroute.features.synthetic import generate
+from balanceroute.predict.model_store import save_estimator
 from balanceroute.predict.registry import make_estimator
 
 SMALL_PARAMS = {
@@ -52,7 +53,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory, history: pd.DataFrame) -
     """``survival``, ``exactmatch`` and ``gbdt`` fitted on the trace, saved as joblib files."""
     out = tmp_path_factory.mktemp("models")
     for kind, params in SMALL_PARAMS.items():
-        make_estimator(kind, **params).fit(history).save(out / f"{kind}.joblib")
+        save_estimator(make_estimator(kind, **params).fit(history), out / f"{kind}.joblib")
     return out
 
 

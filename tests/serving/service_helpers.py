@@ -16,6 +16,7 @@ import numpy as np
 import orjson
 
 from balanceroute.predict.base import CompletionEstimator
+from balanceroute.predict.model_store import load_file
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "test-token-0123456789abcdef"
@@ -96,7 +97,7 @@ class Server:
 
 def load_model(model_dir: Path, kind: str) -> CompletionEstimator:
     """A fresh in-process copy of a saved model (the server loads the same bytes)."""
-    return CompletionEstimator.load(model_dir / f"{kind}.joblib")
+    return load_file(model_dir / f"{kind}.joblib")
 
 
 def post(client: httpx.Client, path: str, body: Any) -> httpx.Response:

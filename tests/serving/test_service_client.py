@@ -17,7 +17,7 @@ from service_helpers import free_port
 
 from balanceroute.predict.base import CompletedBatch, CompletionEstimator, Prediction, RunningBatch
 from balanceroute.predict.no_prediction import NoPrediction
-from balanceroute.serving.client import RemoteEstimator
+from balanceroute.predict.remote import RemoteEstimator
 
 H = 80
 

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 from service_helpers import Server, load_model, post
 
-from balanceroute.router.balance_route import takes_estimator, takes_options
-from balanceroute.router.policy import RunContext, policy_class, policy_names
+from balanceroute.router.policy import RunContext
+from balanceroute.router.registry import policy_class, policy_names
 from balanceroute.router.state import ArrayPool, RequestTable, RouterState, RunningRequests
 
 pytestmark = pytest.mark.server
 SERVER_ARMS = ("exactmatch", "survival")
 SLOTS = 12
-SERVED = [n for n in policy_names() if n != "exact"]
+SERVED = policy_names(live=True)
 
 
 def random_state(seed: int, key_pool: np.ndarray) -> dict:
@@ -108,7 +108,7 @@ def in_process(s: dict, policy: str, options: dict | None, estimator) -> list[tu
         running_source=lambda: running,
     )
     cls = policy_class(policy)
-    pol = cls(estimator=estimator, **(options or {})) if takes_options(policy) else cls()
+    pol = cls(estimator=estimator, **(options or {})) if cls.options else cls()
     pol.reset(RunContext(g, SLOTS, table, seed=s["seed"]))
     adm = pol.route(state)
     return [(f"p{i - r}", int(w)) for i, w in zip(adm.positions, adm.workers, strict=True)]
@@ -125,7 +125,9 @@ CASES = [(name, None) for name in SERVED] + [
 def test_http_decision_equals_in_process(
     module_server: Server, model_dir: Path, key_pool: np.ndarray, policy: str, options
 ) -> None:
-    estimator = load_model(model_dir, "exactmatch") if takes_estimator(policy) else None
+    estimator = (
+        load_model(model_dir, "exactmatch") if policy_class(policy).takes_estimator else None
+    )
     with module_server.client() as c:
         for seed in range(4):
             s = random_state(seed, key_pool)
@@ -133,7 +135,7 @@ def test_http_decision_equals_in_process(
             assert resp.status_code == 200, resp.text
             got = [(a["id"], a["worker"]) for a in resp.json()["admissions"]]
             assert got == in_process(s, policy, options, estimator), (policy, seed)
-            if takes_estimator(policy):
+            if policy_class(policy).takes_estimator:
                 assert resp.json()["model"]["kind"] == "exactmatch"
                 assert resp.json()["policy"]["estimator"] == "exactmatch"
 

@@ -12,8 +12,9 @@ from service_helpers import load_model
 
 from balanceroute.cli import main as balanceroute_main
 from balanceroute.features.synthetic import generate
+from balanceroute.predict.remote import RemoteEstimator
 from balanceroute.router.runner import ReplaySpec, replay
-from balanceroute.serving.client import RemoteEstimator
+from balanceroute.router.specs import RouterSpec
 
 pytestmark = pytest.mark.server
 SIM = [
@@ -42,9 +43,9 @@ def test_simulate_through_the_service_matches_the_in_process_run(
     model = str(model_dir / "exactmatch.joblib")
     server = start_server(model)
     remote_out, local_out = tmp_path / "remote", tmp_path / "local"
-    remote_args = ["--predictor-url", server.url, "--predictor-timeout", "5"]
+    remote_args = ["--estimator-url", server.url, "--estimator-timeout", "5"]
     assert balanceroute_main(["simulate", *SIM, *remote_args, "--out", str(remote_out)]) == 0
-    local_args = ["--predictor", "exactmatch", "--model-uri", model]
+    local_args = ["--estimator", "exactmatch", "--model-uri", model]
     assert balanceroute_main(["simulate", *SIM, *local_args, "--out", str(local_out)]) == 0
     remote, local = _summary(remote_out), _summary(local_out)
     assert remote["remote_fallbacks"] == 0 and remote["remote_calls"] > 50
@@ -63,7 +64,7 @@ def test_killing_the_service_mid_run_falls_back_and_serves_every_request(
     frame = generate("paper-prod", 400, seed=11)
     fallback = load_model(model_dir, "survival")
     remote = RemoteEstimator(server.url, fallback=fallback, timeout_s=2.0)
-    spec = ReplaySpec(router="brh", predictor="survival", workers=4, slots=8, seed=1)
+    spec = ReplaySpec(router=RouterSpec.parse("brh:survival"), workers=4, slots=8, seed=1)
 
     def killer() -> None:
         deadline = time.monotonic() + 60

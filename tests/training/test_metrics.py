@@ -7,9 +7,9 @@ import pandas as pd
 import pytest
 
 from balanceroute.features.errors import UserError
+from balanceroute.features.schema import validate_trace
+from balanceroute.training.holdout import holdout_snapshots, make_holdout
 from balanceroute.training.metrics import expected_calibration_error, score, score_by_age
-from balanceroute.training.snapshots import holdout_snapshots
-from balanceroute.training.split import time_split
 
 
 def test_score_known_values():
@@ -43,19 +43,23 @@ def test_snapshots_are_seeded_and_valid():
 
 
 def _frame(n, outputs=None):
-    return pd.DataFrame(
-        {
-            "arrival_s": np.arange(n, dtype=float),
-            "prompt_tokens": np.full(n, 10),
-            "output_tokens": outputs if outputs is not None else np.arange(n) % 7 + 1,
-        }
+    return validate_trace(
+        pd.DataFrame(
+            {
+                "arrival_s": np.arange(n, dtype=float),
+                "prompt_tokens": np.full(n, 10),
+                "output_tokens": outputs if outputs is not None else np.arange(n) % 7 + 1,
+            }
+        )
     )
 
 
 def test_split_refusals():
     with pytest.raises(UserError, match="too short"):
-        time_split(_frame(40))
+        make_holdout(_frame(40))
     with pytest.raises(UserError, match="same output length"):
-        time_split(_frame(500, np.full(500, 3)))
-    train, test = time_split(_frame(500))
-    assert len(train) == 350 and train["arrival_s"].max() < test["arrival_s"].min()
+        make_holdout(_frame(500, np.full(500, 3)))
+    holdout = make_holdout(_frame(500))
+    assert len(holdout.train) == holdout.first_test == 350
+    test_arrivals = holdout.arrays.arrival_s[holdout.first_test :]
+    assert holdout.train["arrival_s"].max() < test_arrivals.min()

@@ -13,7 +13,7 @@ import pytest
 from mlflow import MlflowClient
 
 from balanceroute.predict.base import CompletionEstimator, RunningBatch
-from balanceroute.training.registry import load_estimator
+from balanceroute.predict.model_store import load_estimator, load_file
 from tests.training.conftest import PRESET_ARGS, free_port, run_cli
 
 MODEL = "completion-predictor"
@@ -164,7 +164,7 @@ def test_tracking_down_keeps_local_artifacts(isolated, capsys, monkeypatch):
     assert f"saved locally in {out.resolve()}" in err
     for name in ("survival.joblib", "exactmatch.joblib", "metrics.json", "config.json"):
         assert (out / name).is_file()
-    assert CompletionEstimator.load(out / "exactmatch.joblib").name == "exactmatch"
+    assert load_file(out / "exactmatch.joblib").name == "exactmatch"
 
 
 def _assert_no_finished_runs(root: Path) -> None:

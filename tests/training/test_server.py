@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from balanceroute.training.registry import load_estimator
+from balanceroute.predict.model_store import load_estimator
 from tests.training.conftest import PRESET_ARGS, free_port, run_cli
 
 pytestmark = pytest.mark.server

@@ -1,0 +1,121 @@
+"""``balanceroute ab``: paired A/B replay of routers and estimators, with a report."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from balanceroute.cli.options import (
+    add_tier_args,
+    add_workload_args,
+    cost_from_args,
+    fraction,
+    positive_int,
+    workload_from_args,
+)
+from balanceroute.features.errors import UserError
+from balanceroute.features.workload import load_workload
+from balanceroute.router.ab import ABConfig, progress_printer
+from balanceroute.router.specs import parse_arms
+from balanceroute.training.experiments import EXPERIMENT, run_ab_experiment
+
+DEFAULT_TRAIN_FRACTION = 0.3
+
+
+def worker_counts(text: str) -> tuple[int, ...]:
+    """argparse type: G, or several separated by commas (``4,8,16``), each at least 1."""
+    try:
+        counts = tuple(int(g) for g in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected integers separated by commas, got {text!r}"
+        ) from None
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"every G must be at least 1, got {text!r}")
+    return counts
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``ab`` to the root parser."""
+    p = sub.add_parser(
+        "ab",
+        help="paired A/B replay of routers and estimators, with a report",
+        description="Replay the same requests under several arms (router[:estimator[@uri]]"
+        "[{option=value;...}]) and write DIR/summary.json, DIR/report.md and plots; logs a "
+        "parent MLflow run with a child run per arm.",
+    )
+    add_workload_args(p)
+    p.add_argument(
+        "--arms",
+        required=True,
+        help="comma-separated arms, e.g. count-jsq,token-jsq,br0,brh:none,brh:survival,brh:oracle",
+    )
+    p.add_argument("--workers", type=worker_counts, default=(8,), help="G, or several: 4,8,16")
+    p.add_argument("--repeats", type=positive_int, default=5, help="windows of the replayed trace")
+    p.add_argument(
+        "--window-fraction",
+        type=fraction,
+        default=0.5,
+        help="share of the replayed part each repeat covers (when repeats > 1)",
+    )
+    p.add_argument(
+        "--train-fraction",
+        type=fraction,
+        default=DEFAULT_TRAIN_FRACTION,
+        help="earlier share of the trace that trains on-the-fly estimators",
+    )
+    p.add_argument("--reference", help="reference arm for ratios (default count-jsq or first)")
+    p.add_argument("--jobs", type=positive_int, default=1, help="parallel processes")
+    p.add_argument("--dask-scheduler", help="run on an existing Dask cluster at this address")
+    p.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
+    add_tier_args(p)
+    p.add_argument("--out", required=True, help="output folder")
+    p.set_defaults(func=cmd_ab)
+
+
+def cmd_ab(args: argparse.Namespace) -> int:
+    """Run the experiment, print the headline table and where everything went."""
+    started = time.perf_counter()
+    cfg = ABConfig(
+        arms=tuple(parse_arms(args.arms)),
+        workers=args.workers,
+        slots=args.slots,
+        repeats=args.repeats,
+        window_fraction=args.window_fraction,
+        train_fraction=args.train_fraction,
+        seed=args.seed,
+        saturate=args.saturate,
+        rate_scale=args.rate_scale if args.load is None else 1.0,
+        load=args.load,
+        cost=cost_from_args(args),
+        reference=args.reference,
+    )
+    cfg.reference_arm()
+    frame, source = load_workload(workload_from_args(args))
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out '{out}' is a file, not a folder")
+    done = run_ab_experiment(
+        frame,
+        source,
+        cfg,
+        out,
+        jobs=args.jobs,
+        dask_scheduler=args.dask_scheduler,
+        track=not args.no_mlflow,
+        progress=progress_printer,
+    )
+    if done.run_id is not None:
+        print(f"logged to MLflow run {done.run_id} (experiment {EXPERIMENT})", file=sys.stderr)
+    if done.tracking_error is not None:
+        print(
+            f"balanceroute ab: warning: MLflow logging failed ({done.tracking_error}); "
+            f"results are in {out}",
+            file=sys.stderr,
+        )
+    print(done.results.headline_table)
+    files = ", ".join(str(p) for p in done.results.files)
+    print(f"\nwrote {files} in {time.perf_counter() - started:.0f} s")
+    return 0

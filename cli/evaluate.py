@@ -1,0 +1,54 @@
+"""``balanceroute evaluate``: score saved or registered estimators on a trace's holdout."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from balanceroute.cli.options import add_workload_args, positive_int, workload_from_args
+from balanceroute.cli.train import add_key_arg, kinds
+from balanceroute.predict.model_store import DEFAULT_MODEL_NAME
+from balanceroute.training.evaluate import EvaluateConfig, run_evaluate
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``evaluate`` to the root parser."""
+    p = sub.add_parser("evaluate", help="score estimators on the time-ordered holdout")
+    add_workload_args(p)
+    add_key_arg(p)
+    model = p.add_mutually_exclusive_group(required=True)
+    model.add_argument("--model-uri", help="models:/..., runs:/..., an alias, or a .joblib file")
+    model.add_argument(
+        "--estimator",
+        type=kinds,
+        help="kind(s) to load by alias from the registered model (e.g. gbdt or survival,gbdt)",
+    )
+    p.add_argument("--model-name", default=DEFAULT_MODEL_NAME, help="registered model for aliases")
+    p.add_argument("--horizon", type=positive_int, default=80, help="lookahead H in iterations")
+    p.add_argument(
+        "--warmup",
+        action="store_true",
+        help="observe the training part first (for a model fitted on another trace)",
+    )
+    p.add_argument("--out", required=True, help="folder for metrics.json and plots")
+    p.set_defaults(func=cmd_evaluate)
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    """Evaluate and print the metrics (without the per-age breakdown)."""
+    metrics = run_evaluate(
+        EvaluateConfig(
+            workload=workload_from_args(args),
+            out=Path(args.out),
+            model_uri=args.model_uri,
+            kinds=args.estimator or (),
+            model_name=args.model_name,
+            horizon=args.horizon,
+            warmup=args.warmup,
+            key=args.key,
+        )
+    )
+    brief = {k: {m: v for m, v in d.items() if m != "by_age"} for k, d in metrics.items()}
+    print(json.dumps(brief, indent=2))
+    return 0

@@ -1,0 +1,67 @@
+"""Writing result files atomically: a temporary file in the destination folder, renamed over the
+destination only once complete, so a crash, a full disk or an error never leaves a half-written
+or stray file behind, and what the user already had stays as it was."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from balanceroute.features.errors import UserError
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; on success it replaces ``path``, on any error it
+    is removed. An OS error (no space, read-only folder, no permission) becomes a UserError
+    naming ``path``."""
+    target = Path(path)
+    if target.is_dir():
+        raise UserError(f"cannot write '{target}': it is a directory")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        os.close(fd)
+    except OSError as exc:
+        raise UserError(f"cannot write '{target}': {exc.strerror or exc}") from None
+    try:
+        yield Path(tmp)
+        os.replace(tmp, target)
+    except OSError as exc:
+        raise UserError(f"cannot write '{target}': {exc.strerror or exc}") from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def write_bytes(path: str | Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically, flushed to disk before the rename."""
+    with atomic_output(path) as tmp, tmp.open("wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return Path(path)
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    return write_bytes(path, text.encode())
+
+
+def jsonable(obj: Any) -> Any:
+    """numpy scalars and arrays as Python values; anything else as its string."""
+    if hasattr(obj, "item"):
+        return obj.item()
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    return str(obj)
+
+
+def write_json(path: str | Path, payload: Any) -> Path:
+    """Write ``payload`` as indented JSON (numpy values allowed) to ``path`` atomically."""
+    return write_text(path, json.dumps(payload, indent=2, default=jsonable) + "\n")

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-from balanceroute.cli.options import add_workload_args, positive_int, workload_from_args
+from balanceroute.cli.options import add_workload_args, horizon_count, workload_from_args
 from balanceroute.cli.train import add_key_arg, kinds
 from balanceroute.predict.model_store import DEFAULT_MODEL_NAME
-from balanceroute.training.evaluate import EvaluateConfig, run_evaluate
+from balanceroute.training.evaluate import EvaluateConfig, metrics_table, run_evaluate
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -25,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="kind(s) to load by alias from the registered model (e.g. gbdt or survival,gbdt)",
     )
     p.add_argument("--model-name", default=DEFAULT_MODEL_NAME, help="registered model for aliases")
-    p.add_argument("--horizon", type=positive_int, default=80, help="lookahead H in iterations")
+    p.add_argument("--horizon", type=horizon_count, default=80, help="lookahead H in iterations")
     p.add_argument(
         "--warmup",
         action="store_true",
@@ -36,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    """Evaluate and print the metrics (without the per-age breakdown)."""
+    """Evaluate and print the metrics as a table (all of them are in metrics.json)."""
     metrics = run_evaluate(
         EvaluateConfig(
             workload=workload_from_args(args),
@@ -49,6 +48,6 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             key=args.key,
         )
     )
-    brief = {k: {m: v for m, v in d.items() if m != "by_age"} for k, d in metrics.items()}
-    print(json.dumps(brief, indent=2))
+    print(metrics_table(metrics))
+    print(f"\nwrote {Path(args.out) / 'metrics.json'} (every metric, by age too) and plots")
     return 0

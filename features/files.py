@@ -39,6 +39,21 @@ def atomic_output(path: str | Path) -> Iterator[Path]:
             os.unlink(tmp)
 
 
+def output_folder(path: str | Path) -> Path:
+    """``path`` as a folder to write results in: created if missing; a UserError naming it if
+    it is a file, cannot be created or is not writable (read-only, no permission)."""
+    target = Path(path)
+    if target.exists() and not target.is_dir():
+        raise UserError(f"cannot write in '{target}': it is a file, not a folder")
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"cannot create folder '{target}': {exc.strerror or exc}") from None
+    if not os.access(target, os.W_OK | os.X_OK):
+        raise UserError(f"cannot write in '{target}': not writable")
+    return target
+
+
 def write_bytes(path: str | Path, data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically, flushed to disk before the rename."""
     with atomic_output(path) as tmp, tmp.open("wb") as fh:

@@ -3,6 +3,7 @@ flags and the service's options model."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -11,6 +12,13 @@ from balanceroute.features.errors import UserError
 PROJECTIONS = ("auto", "cutoff", "expected", "confident")
 GAMMA_MIN, GAMMA_MAX = 0.5, 0.995
 PENALTIES = ("sum", "max")
+MAX_HORIZON = 1024  # lookahead iterations: projections are (requests x H) arrays
+MAX_BETA = 1e6  # overflow penalty: scores stay far inside float64 at the largest loads
+MAX_WINDOW = 16_384
+
+
+def _finite(value: float | None) -> bool:
+    return value is None or math.isfinite(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,19 +68,43 @@ class BalanceRouteConfig:
 
     def __post_init__(self) -> None:
         checks = [
-            (self.horizon >= 0, f"horizon must be >= 0, got {self.horizon}"),
-            (self.beta is None or self.beta > 0, f"beta must be > 0, got {self.beta}"),
+            (
+                0 <= self.horizon <= MAX_HORIZON,
+                f"horizon must be in 0..{MAX_HORIZON}, got {self.horizon}",
+            ),
+            (
+                self.beta is None or 0 < self.beta <= MAX_BETA,
+                f"beta must be > 0 and <= {MAX_BETA:g}, got {self.beta}",
+            ),
+            (
+                all(map(_finite, (self.gamma, self.auto_gamma, self.confidence, self.beta))),
+                "numbers must be finite",
+            ),
             (0 < self.gamma <= 1, f"gamma must be in (0, 1], got {self.gamma}"),
             (self.auto_gamma is None or self.auto_gamma > 0, "auto_gamma must be > 0"),
             (1 <= self.r_max <= 12, f"r_max must be in 1..12, got {self.r_max}"),
             (self.s_greedy is None or self.s_greedy >= 0, "s_greedy must be >= 0"),
-            (self.window >= 1, f"window must be >= 1, got {self.window}"),
+            (
+                1 <= self.window <= MAX_WINDOW,
+                f"window must be in 1..{MAX_WINDOW}, got {self.window}",
+            ),
             (self.projection in PROJECTIONS, f"projection must be one of {PROJECTIONS}"),
             (self.penalty in PENALTIES, f"penalty must be one of {PENALTIES}"),
             (0 < self.confidence <= 1, f"confidence must be in (0, 1], got {self.confidence}"),
             (self.refresh >= 1, f"refresh must be >= 1, got {self.refresh}"),
             (self.max_overtake is None or self.max_overtake >= 1, "max_overtake must be >= 1"),
-            (self.kv_capacity is None or self.kv_capacity > 0, "kv_capacity must be > 0"),
+            (
+                self.kv_capacity is None or 0 < self.kv_capacity < math.inf,
+                "kv_capacity must be a finite number > 0",
+            ),
+            (
+                self.max_wait_s is None or 0 <= self.max_wait_s < math.inf,
+                f"max_wait_s must be a finite number >= 0, got {self.max_wait_s}",
+            ),
+            (
+                self.max_wait_iters is None or self.max_wait_iters >= 1,
+                f"max_wait_iters must be >= 1, got {self.max_wait_iters}",
+            ),
         ]
         for ok, msg in checks:
             if not ok:

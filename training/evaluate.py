@@ -104,6 +104,38 @@ def write_report(
     return paths
 
 
+def _cell(value: Any) -> str:
+    """One table cell: integers with separators, floats to four significant decimals."""
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        return str(value)
+    if isinstance(value, int | np.integer):
+        return f"{int(value):,}"
+    if not np.isfinite(value):
+        return "n/a"
+    return f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.4g}"
+
+
+def metrics_table(metrics: dict[str, dict[str, Any]]) -> str:
+    """The metrics as a text table: one row per scalar metric (every key any estimator reports,
+    in first-seen order), one column per estimator; nested ones such as ``by_age`` stay in
+    metrics.json."""
+    names: list[str] = []
+    for m in metrics.values():
+        names += [k for k, v in m.items() if not isinstance(v, dict | list) and k not in names]
+    rows = [["metric", *metrics]]
+    rows += [[name, *(_cell(m.get(name, "")) for m in metrics.values())] for name in names]
+    widths = [max(len(r[j]) for r in rows) for j in range(len(rows[0]))]
+    lines = [
+        "  ".join(
+            c.ljust(w) if j == 0 else c.rjust(w)
+            for j, (c, w) in enumerate(zip(r, widths, strict=True))
+        )
+        for r in rows
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
 def progress(message: str) -> None:
     """One progress line on stderr."""
     print(f"[balanceroute] {message}", file=sys.stderr, flush=True)

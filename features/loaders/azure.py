@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from balanceroute.features.errors import TraceError
+from balanceroute.features.limits import input_limits
 from balanceroute.features.loaders.common import (
     Sniff,
     TraceFormat,
@@ -50,10 +51,19 @@ def read(path: Path, sniffed: Sniff, *, key_blocks: int, limit: int | None) -> p
     """Requests of an Azure CSV in file order (``key_blocks`` does not apply)."""
     require_columns(sniffed.columns, (TIME, PROMPT, OUTPUT), path)
     times, prompts, outputs = [], [], []
+    lim = input_limits()
     for chunk, rows in iter_csv(path, (TIME, PROMPT, OUTPUT), limit=limit, text=(TIME,)):
         times.append(parse_timestamps(chunk[TIME], path=path, rows=rows))
-        prompts.append(as_token_counts(chunk[PROMPT], source=path, field=PROMPT, rows=rows))
-        outputs.append(as_token_counts(chunk[OUTPUT], source=path, field=OUTPUT, rows=rows))
+        prompts.append(
+            as_token_counts(
+                chunk[PROMPT], source=path, field=PROMPT, rows=rows, most=lim.max_prompt_tokens
+            )
+        )
+        outputs.append(
+            as_token_counts(
+                chunk[OUTPUT], source=path, field=OUTPUT, rows=rows, most=lim.max_output_tokens
+            )
+        )
     ns = since_first(concat(times, np.int64))
     return pd.DataFrame(
         {

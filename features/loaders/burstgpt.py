@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from balanceroute.features.errors import DroppedRowsWarning
+from balanceroute.features.limits import input_limits
 from balanceroute.features.loaders.common import (
     Sniff,
     TraceFormat,
@@ -34,6 +35,7 @@ def read(path: Path, sniffed: Sniff, *, key_blocks: int, limit: int | None) -> p
     require_columns(sniffed.columns, (TIME, PROMPT, OUTPUT), path)
     times, prompts, outputs, ids = [], [], [], []
     kept = failed = 0
+    lim = input_limits()
     for chunk, rows in iter_csv(path, (TIME, PROMPT, OUTPUT), limit=None):
         ok = (pd.to_numeric(chunk[OUTPUT], errors="coerce") != 0).to_numpy()
         if limit is not None and kept + int(ok.sum()) > limit:
@@ -42,8 +44,16 @@ def read(path: Path, sniffed: Sniff, *, key_blocks: int, limit: int | None) -> p
         failed += int((~ok).sum())
         chunk, rows = chunk[ok], rows[ok]
         times.append(as_seconds(chunk[TIME], source=path, field=TIME, rows=rows))
-        prompts.append(as_token_counts(chunk[PROMPT], source=path, field=PROMPT, rows=rows))
-        outputs.append(as_token_counts(chunk[OUTPUT], source=path, field=OUTPUT, rows=rows))
+        prompts.append(
+            as_token_counts(
+                chunk[PROMPT], source=path, field=PROMPT, rows=rows, most=lim.max_prompt_tokens
+            )
+        )
+        outputs.append(
+            as_token_counts(
+                chunk[OUTPUT], source=path, field=OUTPUT, rows=rows, most=lim.max_output_tokens
+            )
+        )
         ids.append(rows - 1)
         kept += len(rows)
         if limit is not None and kept >= limit:

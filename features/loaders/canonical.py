@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from balanceroute.features.errors import TraceError
+from balanceroute.features.limits import input_limits
 from balanceroute.features.loaders.common import (
     CHUNK_ROWS,
     Sniff,
@@ -76,7 +77,10 @@ def read(path: Path, sniffed: Sniff, *, key_blocks: int, limit: int | None) -> p
             as_seconds(chunk["arrival_s"], source=path, field="arrival_s", rows=rows)
         )
         for name in ("prompt_tokens", "output_tokens"):
-            parts[name].append(as_token_counts(chunk[name], source=path, field=name, rows=rows))
+            most = input_limits().tokens(name.removesuffix("_tokens"))
+            parts[name].append(
+                as_token_counts(chunk[name], source=path, field=name, rows=rows, most=most)
+            )
         for name in present:
             parts[name].append(chunk[name].astype("str").to_numpy(dtype=object))
     frame = pd.DataFrame({"arrival_s": concat(parts["arrival_s"], np.float64)})

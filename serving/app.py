@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -103,6 +104,10 @@ def create_app(settings: ServeSettings, *, store: ModelStore | None = None) -> F
 
         async def first_load() -> None:
             await asyncio.gather(store.load_until_ready(settings.load_retry_s), warm())
+            # What is loaded now lives as long as the process: out of the collector's sight, a
+            # full collection (triggered by a large request's objects) takes milliseconds
+            # instead of holding the interpreter, and every thread, for hundreds.
+            gc.freeze()
 
         task = asyncio.create_task(first_load())
         yield

@@ -89,17 +89,20 @@ def parse_json(raw: bytes) -> Any:
         ) from None
 
 
-def validate(model: type[M], data: Any) -> M:
-    """Validate with a strict model; errors become a 422 whose locations start at ``body``."""
+def validate(model: type[M], data: Any, how: Callable[[Any], M] | None = None) -> M:
+    """Validate with a strict model (or ``how``); errors become a 422 whose locations start at
+    ``body``."""
     try:
-        return model.model_validate(data)
+        return (how or model.model_validate)(data)
     except ValidationError as exc:
-        raise RequestValidationError(
-            [
-                {"type": e["type"], "loc": ("body", *e["loc"]), "msg": e["msg"]}
-                for e in exc.errors(include_url=False, include_input=False)
-            ]
-        ) from None
+        errors = exc.errors(include_url=False, include_input=False)
+    except ValueError as exc:  # errors collected elsewhere (SliceErrors): {type, loc, msg}
+        errors = getattr(exc, "errors", None)
+        if errors is None:
+            raise
+    raise RequestValidationError(
+        [{"type": e["type"], "loc": ("body", *e["loc"]), "msg": e["msg"]} for e in errors]
+    )
 
 
 def check_count(data: Any, field: str, limit: int, what: str) -> None:

@@ -105,7 +105,7 @@ class ServeSettings(BaseSettings):
         description="a /v1/route call still undecided after this many seconds answers 503",
     )
     max_route_cells: int = Field(
-        default=16_384,
+        default=65_536,
         ge=1,
         le=2**20,
         description="workers x slots of one /v1/route snapshot at most (422 above)",

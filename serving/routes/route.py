@@ -30,7 +30,7 @@ from balanceroute.serving.body import openapi_body
 from balanceroute.serving.decode import check_count, parse_json, validate
 from balanceroute.serving.deps import Authorized, Services, field_error, services
 from balanceroute.serving.models import LoadedModel, ModelStore, NotReady, UnknownModel
-from balanceroute.serving.route_schemas import RouteRequest
+from balanceroute.serving.route_schemas import RouteRequest, validate_route
 from balanceroute.serving.schemas import RouteResponse
 from balanceroute.serving.settings import ServeSettings
 from balanceroute.serving.snapshot import (
@@ -190,7 +190,7 @@ def _route_in_thread(
 def _route(data: Any, svc: Services) -> tuple[RouteResponse, str | None]:
     """The decision on a decoded body and the arm whose model it used."""
     _check_sizes(data, svc.settings.max_requests)
-    req = validate(RouteRequest, data)
+    req = validate(RouteRequest, data, validate_route)
     svc.metrics.batch_size.labels("/v1/route").observe(len(req.pool))
     horizon = lookahead(req)
     check_work(req, horizon, svc.settings)

@@ -86,7 +86,7 @@ def create_app(settings: ServeSettings, *, store: ModelStore | None = None) -> F
         store = ModelStore(
             settings.uris(),
             replay_buffer=settings.replay_buffer,
-            observe_chunk=settings.observe_chunk,
+            inline_rows=settings.observe_inline_rows,
             on_swap=metrics.swapped,
             on_outcome=metrics.reloaded,
             after_load=lambda: pin_lightgbm_threads(settings.lightgbm_threads),

@@ -7,7 +7,10 @@ A page on any web site, open in a browser on the server's host, can send request
 - the ``Host`` header must name a loopback host or one of ``allowed_hosts`` (400 otherwise);
 - an ``Origin`` header, which browsers send and other clients do not, must be the server's own
   origin or one of ``allowed_origins`` (403 otherwise);
-- a POST with a body must say ``Content-Type: application/json`` (415 otherwise).
+- a POST that labels its body must label it JSON (``application/json`` or ``+json``; 415
+  otherwise). An unlabelled body is taken as JSON: browsers label what they send (``text/plain``
+  for a string, a form type for forms), and the one unlabelled case (a ``Blob`` without a type)
+  carries an ``Origin`` header, refused above.
 """
 
 from __future__ import annotations
@@ -60,13 +63,9 @@ class RequestGuard:
                     403,
                     f"Origin '{origin[:100]}' is not allowed (see BALANCEROUTE_ALLOWED_ORIGINS)",
                 )
-        if scope["method"] == "POST":
-            has_body = headers.get("content-length", "0").strip() != "0" or (
-                "transfer-encoding" in headers
-            )
-            kind = headers.get("content-type")
-            if (has_body or kind is not None) and not is_json(kind or ""):
-                return 415, "the body must be JSON: send Content-Type: application/json"
+        kind = headers.get("content-type")
+        if scope["method"] == "POST" and kind is not None and not is_json(kind):
+            return 415, "the body must be JSON: send Content-Type: application/json"
         return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

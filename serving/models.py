@@ -3,9 +3,10 @@
 Concurrency model: the handlers run on the event loop thread; ``/v1/route`` decides in a worker
 thread (:mod:`serving.routes.route`). Every call into an estimator holds :attr:`ModelStore.lock`
 (the route thread through :class:`SharedEstimator`), so a prediction never sees an update half
-done. An observe is applied in chunks of ``observe_chunk`` completions with a pause between
-them, so predictions interleave with a large batch instead of waiting for all of it; observes
-are applied one at a time, in order. A reload fetches the new version from a worker thread
+done. Observes are applied one at a time, in order: a small batch in place, a large one (more
+than ``inline_rows``) to a copy of the model in a worker thread that is swapped in when
+complete, so predictions never wait for a large update (they are answered by the model as it
+was before the batch) and the result is the same as one in-place update. A reload fetches the new version from a worker thread
 (slow, off the loop: :mod:`serving.sources`), then back on the loop replays the recent
 completions into it, checks its health and swaps the arm's reference in one assignment: calls
 before the swap are answered by the old version, calls after by the new one, none is dropped.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import logging
 import sys
 import threading
@@ -234,7 +236,7 @@ class ModelStore:
         uris: dict[str, str],
         *,
         replay_buffer: int = 65_536,
-        observe_chunk: int = 256,
+        inline_rows: int = 256,
         on_swap: SwapHook | None = None,
         on_outcome: Callable[[ReloadOutcome], None] | None = None,
         after_load: Callable[[], None] | None = None,
@@ -245,7 +247,7 @@ class ModelStore:
         self.broken: dict[str, str] = {}  # arm -> why its loaded model is unhealthy
         self.retry: dict[str, tuple[int, float]] = {}  # arm -> (failed loads, next try, monotonic)
         self.log = CompletionLog(replay_buffer)
-        self.observe_chunk = max(1, int(observe_chunk))
+        self.inline_rows = max(0, int(inline_rows))
         self.lock = threading.Lock()
         self._checked_at = -1.0
         self.on_swap = on_swap
@@ -328,26 +330,35 @@ class ModelStore:
 
     # ---- online updates --------------------------------------------------------------------
     async def observe(self, cols: CompletedColumns) -> list[str]:
-        """Feed completions to every loaded, healthy arm (in chunks, other calls running in
-        between) and, if no update failed, to the replay log; returns the arms fed."""
+        """Feed completions to every loaded, healthy arm and, if no update failed, to the replay
+        log; returns the arms fed. Batches up to ``inline_rows`` are applied in place; larger
+        ones to a copy of the model in a worker thread, swapped in once complete, so
+        predictions go on meanwhile (answered by the model before the batch)."""
         async with self._observe_lock:
             batch = completed_batch(cols)
             fed = [arm for arm in self.arms if arm not in self.broken]
-            step = self.observe_chunk
-            for start in range(0, cols.size, step):
-                part = batch_rows(batch, slice(start, start + step))
-                for arm in list(fed):
-                    try:
+            for arm in list(fed):
+                current = self.arms[arm]
+                try:
+                    if cols.size <= self.inline_rows:
                         with self.lock:
-                            self.arms[arm].estimator.observe(part)
-                    except Exception as exc:
-                        self._mark_broken(arm, f"an update raised {type(exc).__name__}: {exc}")
-                        fed.remove(arm)
-                if start + step < cols.size:
-                    await asyncio.sleep(0)
+                            current.estimator.observe(batch)
+                    else:
+                        updated = await anyio.to_thread.run_sync(self._updated, current, batch)
+                        self.arms = {**self.arms, arm: updated}
+                except Exception as exc:
+                    self._mark_broken(arm, f"an update raised {type(exc).__name__}: {exc}")
+                    fed.remove(arm)
             if all(arm not in self.broken for arm in self.arms):
                 self.log.add(cols)
             return fed
+
+    def _updated(self, model: LoadedModel, batch: CompletedBatch) -> LoadedModel:
+        """A copy of ``model`` that has observed ``batch`` (in a worker thread)."""
+        with self.lock:  # no prediction refreshes a lazy table while it is copied
+            estimator = copy.deepcopy(model.estimator)
+        estimator.observe(batch)
+        return dataclasses.replace(model, estimator=estimator)
 
     # ---- loading ---------------------------------------------------------------------------
     async def reload(self, arm: str | None = None, *, force: bool = False) -> list[ReloadOutcome]:

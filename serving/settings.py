@@ -122,11 +122,12 @@ class ServeSettings(BaseSettings):
         description="estimated work of one /v1/route decision at most, in units of about a "
         "nanosecond (serving/routes/route.py, route_work)",
     )
-    observe_chunk: int = Field(
+    observe_inline_rows: int = Field(
         default=256,
-        ge=1,
+        ge=0,
         le=MAX_REQUESTS,
-        description="completions applied between two chances for other calls to run",
+        description="observe batches up to this size update the model in place; larger ones "
+        "update a copy in a worker thread, swapped in when done (predictions never wait)",
     )
     load_retry_s: float = Field(
         default=60.0,
@@ -160,8 +161,8 @@ class ServeSettings(BaseSettings):
             len(token) < MIN_TOKEN_LENGTH or any(c.isspace() or not c.isprintable() for c in token)
         ):
             raise ValueError(
-                f"BALANCEROUTE_API_TOKEN must be at least {MIN_TOKEN_LENGTH} printable "
-                "characters without spaces"
+                f"BALANCEROUTE_API_TOKEN must be at least {MIN_TOKEN_LENGTH} characters, "
+                "printable, without spaces"
             )
         if token is None and not is_loopback(self.host) and not self.allow_unauthenticated:
             raise ValueError(

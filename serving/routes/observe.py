@@ -21,8 +21,8 @@ router = APIRouter(prefix="/v1", tags=["observe"], dependencies=[Authorized])
 async def observe(request: Request) -> ObserveResponse:
     """Feed completions (in finish order) to every arm; kept in a bounded log for reloads.
 
-    Applied in chunks: predictions and probes run between them, so a large batch never stalls
-    them; the response is sent once every chunk is applied."""
+    A large batch updates a copy of each model off the event loop: predictions and probes go on
+    meanwhile; the response is sent once the updated models serve."""
     svc = services(request)
     cols = decode_observe(await json_body(request), svc.settings.max_requests)
     arms = await svc.store.observe(cols)

@@ -28,7 +28,7 @@ def cols(outputs: list[int]) -> CompletedColumns:
 
 def test_a_broken_update_is_not_replayed_and_reload_heals(model_dir: Path) -> None:
     async def scenario() -> None:
-        store = ModelStore({"a": str(model_dir / "survival.joblib")}, observe_chunk=3)
+        store = ModelStore({"a": str(model_dir / "survival.joblib")}, inline_rows=100)
         await store.reload(force=True)
         assert store.ready
         await store.observe(cols([10, 20, 30, 40]))
@@ -53,17 +53,18 @@ def test_a_broken_update_is_not_replayed_and_reload_heals(model_dir: Path) -> No
     asyncio.run(scenario())
 
 
-def test_chunked_observe_equals_one_observe(model_dir: Path) -> None:
+@pytest.mark.parametrize("kind", ["exactmatch", "gbdt"])
+def test_an_observe_off_the_loop_equals_one_in_place(model_dir: Path, kind: str) -> None:
     rng = np.random.default_rng(0)
     outputs = rng.integers(1, 3000, 1000).tolist()
 
-    async def fed(chunk: int):
-        store = ModelStore({"a": str(model_dir / "exactmatch.joblib")}, observe_chunk=chunk)
+    async def fed(inline: int):
+        store = ModelStore({"a": str(model_dir / f"{kind}.joblib")}, inline_rows=inline)
         await store.reload(force=True)
         await store.observe(cols(outputs))
         return store.arms["a"].estimator
 
-    whole, chunked = asyncio.run(fed(10_000)), asyncio.run(fed(37))
+    whole, chunked = asyncio.run(fed(10_000)), asyncio.run(fed(10))
     from balanceroute.serving.models import canary_batch
 
     a = whole.predict(canary_batch(), survival=True)

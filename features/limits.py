@@ -48,10 +48,6 @@ class InputLimits:
                     f"{ENV_PREFIX}{f.name.upper()} must be between 1 and {ceiling:,}, got {value:,}"
                 )
 
-    def tokens(self, kind: str) -> int:
-        """The bound of ``prompt`` or ``output`` tokens."""
-        return self.max_prompt_tokens if kind == "prompt" else self.max_output_tokens
-
 
 # Hard ceilings of the overrides: outputs (plus the largest horizon, 1,024) must fit the keyed
 # composite's 21 bits, prompts and loads int32 per request, arrivals a float's integer range.

@@ -8,6 +8,7 @@ synthetic generator return a frame that :func:`validate_trace` accepts.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -73,6 +74,22 @@ def as_token_counts(
     return raw.astype(np.int64)
 
 
+def length_columns(
+    chunk: Any, prompt: str, output: str, *, source: object, rows: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Prompt and output token counts of a chunk's ``prompt`` and ``output`` columns, each
+    checked against its input limit (errors name the file's own column)."""
+    lim = input_limits()
+    return (
+        as_token_counts(
+            chunk[prompt], source=source, field=prompt, rows=rows, most=lim.max_prompt_tokens
+        ),
+        as_token_counts(
+            chunk[output], source=source, field=output, rows=rows, most=lim.max_output_tokens
+        ),
+    )
+
+
 def as_seconds(
     values: pd.Series,
     *,
@@ -113,9 +130,9 @@ def validate_trace(frame: pd.DataFrame, source: object = "<trace>") -> pd.DataFr
         )
     out = pd.DataFrame(index=pd.RangeIndex(len(frame)))
     lim = input_limits()
-    for col in ("prompt_tokens", "output_tokens"):
-        most = lim.max_prompt_tokens if col == "prompt_tokens" else lim.max_output_tokens
-        out[col] = as_token_counts(frame[col], source=source, field=col, most=most)
+    out["prompt_tokens"], out["output_tokens"] = length_columns(
+        frame, "prompt_tokens", "output_tokens", source=source
+    )
     arrival = as_seconds(frame["arrival_s"], source=source, field="arrival_s")
     late = (arrival < 0) | (arrival > lim.max_arrival_s)
     if late.any():

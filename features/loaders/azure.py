@@ -15,7 +15,6 @@ import numpy as np
 import pandas as pd
 
 from balanceroute.features.errors import TraceError
-from balanceroute.features.limits import input_limits
 from balanceroute.features.loaders.common import (
     Sniff,
     TraceFormat,
@@ -24,7 +23,7 @@ from balanceroute.features.loaders.common import (
     require_columns,
     since_first,
 )
-from balanceroute.features.schema import as_token_counts
+from balanceroute.features.schema import length_columns
 
 TIME, PROMPT, OUTPUT = "TIMESTAMP", "ContextTokens", "GeneratedTokens"
 
@@ -51,19 +50,11 @@ def read(path: Path, sniffed: Sniff, *, key_blocks: int, limit: int | None) -> p
     """Requests of an Azure CSV in file order (``key_blocks`` does not apply)."""
     require_columns(sniffed.columns, (TIME, PROMPT, OUTPUT), path)
     times, prompts, outputs = [], [], []
-    lim = input_limits()
     for chunk, rows in iter_csv(path, (TIME, PROMPT, OUTPUT), limit=limit, text=(TIME,)):
         times.append(parse_timestamps(chunk[TIME], path=path, rows=rows))
-        prompts.append(
-            as_token_counts(
-                chunk[PROMPT], source=path, field=PROMPT, rows=rows, most=lim.max_prompt_tokens
-            )
-        )
-        outputs.append(
-            as_token_counts(
-                chunk[OUTPUT], source=path, field=OUTPUT, rows=rows, most=lim.max_output_tokens
-            )
-        )
+        prompt, output = length_columns(chunk, PROMPT, OUTPUT, source=path, rows=rows)
+        prompts.append(prompt)
+        outputs.append(output)
     ns = since_first(concat(times, np.int64))
     return pd.DataFrame(
         {

@@ -15,7 +15,6 @@ import numpy as np
 import pandas as pd
 
 from balanceroute.features.errors import DroppedRowsWarning
-from balanceroute.features.limits import input_limits
 from balanceroute.features.loaders.common import (
     Sniff,
     TraceFormat,
@@ -24,7 +23,7 @@ from balanceroute.features.loaders.common import (
     require_columns,
     since_first,
 )
-from balanceroute.features.schema import as_seconds, as_token_counts
+from balanceroute.features.schema import as_seconds, length_columns
 
 TIME, PROMPT, OUTPUT = "Timestamp", "Request tokens", "Response tokens"
 ALL_COLUMNS = (TIME, "Model", PROMPT, OUTPUT, "Total tokens", "Log Type")
@@ -35,7 +34,6 @@ def read(path: Path, sniffed: Sniff, *, key_blocks: int, limit: int | None) -> p
     require_columns(sniffed.columns, (TIME, PROMPT, OUTPUT), path)
     times, prompts, outputs, ids = [], [], [], []
     kept = failed = 0
-    lim = input_limits()
     for chunk, rows in iter_csv(path, (TIME, PROMPT, OUTPUT), limit=None):
         ok = (pd.to_numeric(chunk[OUTPUT], errors="coerce") != 0).to_numpy()
         if limit is not None and kept + int(ok.sum()) > limit:
@@ -44,16 +42,9 @@ def read(path: Path, sniffed: Sniff, *, key_blocks: int, limit: int | None) -> p
         failed += int((~ok).sum())
         chunk, rows = chunk[ok], rows[ok]
         times.append(as_seconds(chunk[TIME], source=path, field=TIME, rows=rows))
-        prompts.append(
-            as_token_counts(
-                chunk[PROMPT], source=path, field=PROMPT, rows=rows, most=lim.max_prompt_tokens
-            )
-        )
-        outputs.append(
-            as_token_counts(
-                chunk[OUTPUT], source=path, field=OUTPUT, rows=rows, most=lim.max_output_tokens
-            )
-        )
+        prompt, output = length_columns(chunk, PROMPT, OUTPUT, source=path, rows=rows)
+        prompts.append(prompt)
+        outputs.append(output)
         ids.append(rows - 1)
         kept += len(rows)
         if limit is not None and kept >= limit:

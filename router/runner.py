@@ -37,6 +37,9 @@ from balanceroute.router.simulator import SimConfig, SimResult, simulate
 from balanceroute.router.specs import RouterSpec
 
 
+MAX_SLOTS_TOTAL = 2**22  # slots of the whole group: per-slot state stays within memory
+
+
 @dataclass(frozen=True, slots=True)
 class ReplaySpec:
     """Everything that defines one replay besides the requests."""
@@ -53,6 +56,11 @@ class ReplaySpec:
         if self.workers < 1 or self.slots < 1:
             raise UserError(
                 f"need at least one worker and one slot, got G={self.workers}, B={self.slots}"
+            )
+        if self.workers * self.slots > MAX_SLOTS_TOTAL:
+            raise UserError(
+                f"G x B is at most {MAX_SLOTS_TOTAL:,} slots in a replay, got "
+                f"{self.workers:,} x {self.slots:,}"
             )
 
 

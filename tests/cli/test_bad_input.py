@@ -30,6 +30,7 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "workers huge": ([*SIM, "--workers", "100000000"], ["--workers", "at most"]),
     "workers 2^63": ([*SIM, "--workers", str(2**63)], ["--workers", "at most"]),
     "slots huge": ([*SIM, "--slots", str(10**30)], ["--slots", "at most"]),
+    "group huge": ([*SIM, "--workers", "4096", "--slots", "65536"], ["G x B"]),
     "requests 1e30": ([*SIM, "--requests", "1e30"], ["--requests", "whole number"]),
     "horizon 1e8": ([*SIM, "--horizon", "100000000"], ["horizon"]),
     "train horizon": ([*TRAIN, "--horizon", "100000000"], ["--horizon", "at most"]),

@@ -36,7 +36,6 @@ from balanceroute.router.records import write_records
 from balanceroute.router.simulator import SimConfig, SimResult, simulate
 from balanceroute.router.specs import RouterSpec
 
-
 MAX_SLOTS_TOTAL = 2**22  # slots of the whole group: per-slot state stays within memory
 
 

@@ -17,6 +17,8 @@ COMMAND_MODULES = (
     "balanceroute.cli.router_commands",
     "balanceroute.cli.train",
     "balanceroute.cli.serve",
+    "balanceroute.cli.emulate",
+    "balanceroute.cli.bench",
 )
 
 

@@ -82,8 +82,8 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
 
 
 def cmd_emulate(args: argparse.Namespace) -> int:
-    """Serve until stopped."""
-    from balanceroute.serving.emulator.runner import run_emulator
+    """Check the flags here (errors exit 2), then exec the lean emulator process."""
+    from balanceroute.serving.emulator.runner import exec_emulator
 
-    run_emulator(config_from_args(args))
-    return 0
+    exec_emulator(config_from_args(args))
+    return 0  # pragma: no cover - exec does not return

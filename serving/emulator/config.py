@@ -98,3 +98,12 @@ class EmulatorConfig:
         out["kv_capacity"] = self.kv_capacity
         out["urls"] = self.urls()
         return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EmulatorConfig:
+        """The configuration :meth:`as_dict` wrote (derived keys are ignored)."""
+        names = {f for f in cls.__dataclass_fields__}
+        given = {k: v for k, v in data.items() if k in names}
+        given["cost"] = CostModel(**given.get("cost", asdict(cost_preset("paper-dsv3"))))
+        given["output"] = OutputLengths(**given.get("output", {}))
+        return cls(**given)

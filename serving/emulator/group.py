@@ -381,11 +381,13 @@ class DecodeGroup:
                 await self._wake
                 self._wake = None
                 continue
-            if prev_end is None or now - deadline > cfg.resync_s:
-                if prev_end is not None:
-                    self.resyncs += 1
+            if prev_end is None:  # after an idle spell: the clock starts again now
                 start = now
                 model_start = max(self.model_end, (now - self.t0) * scale)
+            elif now - deadline > cfg.resync_s:  # too late to catch up: re-anchor the wall
+                self.resyncs += 1  # clock; the model clock runs on (the simulator's would)
+                start = now
+                model_start = self.model_end
             else:
                 start = deadline
                 model_start = self.model_end

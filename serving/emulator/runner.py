@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import json
 import logging
+import os
 import signal
 import socket
 import sys
@@ -122,6 +124,15 @@ async def serve(config: EmulatorConfig, ready: Callable[[str], None] | None = No
 
 def _print_ready(line: str) -> None:
     print(line, flush=True)
+
+
+def exec_emulator(config: EmulatorConfig) -> None:
+    """Replace this process (same pid) with a lean ``python -m balanceroute.serving.emulator``
+    running ``config``: the CLI has imported every other command's dependencies."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    args = [sys.executable, "-m", "balanceroute.serving.emulator", json.dumps(config.as_dict())]
+    os.execv(sys.executable, args)
 
 
 def run_emulator(config: EmulatorConfig) -> None:

@@ -68,6 +68,20 @@ async def _bad_request(request: Request, exc: Exception) -> Response:
     return error_response(exc.status, str(exc), exc.type)
 
 
+class ReceivedAt:
+    """ASGI middleware: stamp each HTTP request with its arrival time (before the body is
+    read), so the emulator's own TTFT and E2E start where a real engine's API server starts."""
+
+    def __init__(self, app: Any, clock: Any) -> None:
+        self.app = app
+        self.clock = clock
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            scope.setdefault("state", {})["recv_s"] = self.clock()
+        await self.app(scope, receive, send)
+
+
 class Chunks:
     """Pre-encoded SSE bytes of one streaming request: the same ``mid`` chunk for every token."""
 
@@ -302,6 +316,7 @@ def create_rank_app(group: DecodeGroup, rank: int) -> FastAPI:
     )
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(BadRequest, _bad_request)
+    app.add_middleware(ReceivedAt, clock=group.clock)
     state = group.ranks[rank]
 
     def check_common(body: CompletionRequest | ChatCompletionRequest) -> None:
@@ -338,6 +353,7 @@ def create_rank_app(group: DecodeGroup, rank: int) -> FastAPI:
             stream=body.stream,
             endpoint=endpoint,
             request_id=rid,
+            recv_s=request.scope.get("state", {}).get("recv_s"),
         )
         group.submit(req)
         usage = bool(body.stream_options and body.stream_options.include_usage)

@@ -206,8 +206,10 @@ class DecodeGroup:
         stream: bool,
         endpoint: str,
         request_id: str | None = None,
+        recv_s: float | None = None,
     ) -> EmuRequest:
-        """A request for ``rank`` with its output length drawn (not yet submitted)."""
+        """A request for ``rank`` with its output length drawn (not yet submitted);
+        ``recv_s`` is when it reached the server (default: now)."""
         state = self.ranks[rank]
         target = max_tokens if ignore_eos else self.config.output.draw(state.rng, max_tokens)
         seq = self.seq
@@ -221,7 +223,7 @@ class DecodeGroup:
             prompt_tokens,
             max_tokens,
             target,
-            self.clock(),
+            self.clock() if recv_s is None else recv_s,
         )
 
     def submit(self, req: EmuRequest) -> None:

@@ -15,13 +15,15 @@ Sections:
   ``x-request-id``): what the client and the loopback add.
 - ``realtime``: G x B at a time scale, slots kept full for ``--seconds`` (a saturating trace:
   4 x G x B requests in the first second, prompts 500..1500 tokens, outputs 150..250, at most
-  1.5 x G x B open at once, the rest held by bench). Over the iterations with at least 90% of
+  1.25 x G x B open at once, the rest held by bench). Over the iterations with at least 90% of
   the slots running (after the first 2 s): the *overrun* of each iteration, its wall interval
   (emission to emission) over the cost model's duration minus one; the *lateness* of each
   emission against its absolute deadline; the fan-out time; CPU of both processes. A point is
   sustained when the median overrun is at most 5% and the clock never had to re-anchor.
-- ``sweep``: ``realtime`` at time scale 1 for growing G x B (the largest sustained one), and
-  the time scale G = 16, B = 64 needs (the largest of 1, 0.75, 0.5, 0.35, 0.25 it sustains).
+- ``sweep``: ``realtime`` at time scale 1 for growing G x B up to 32 x 128, stopping at the first
+  one not sustained (the largest sustained one is reported), and the time scale G = 16, B = 64
+  needs: 1 if it keeps real time (then also the fastest of 2, 4, 8 it sustains), else the
+  largest of 0.75, 0.5, 0.35, 0.25 it sustains.
 """
 
 from __future__ import annotations
@@ -47,8 +49,9 @@ from balanceroute.serving.emulator.iterlog import rank_matrix, read_log
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-SWEEP = ((8, 32), (8, 64), (16, 48), (16, 64))
-SCALES = (1.0, 0.75, 0.5, 0.35, 0.25)
+SWEEP = ((8, 32), (8, 64), (16, 48), (16, 64), (32, 64), (32, 128))
+SCALES_DOWN = (0.75, 0.5, 0.35, 0.25)
+SCALES_UP = (2.0, 4.0, 8.0)
 
 
 def free_base(count: int) -> int:
@@ -160,15 +163,14 @@ def pct(values: np.ndarray, ps=(50, 90, 99)) -> dict[str, float]:
 
 def realtime(ranks: int, slots: int, scale: float, seconds: float, work: Path) -> dict[str, Any]:
     """One saturated run; clock figures over the iterations with the slots (nearly) full."""
-    tag = f"g{ranks}-b{slots}-x{scale:g}"
-    base = work / tag
+    base = work / f"g{ranks}-b{slots}-x{scale:g}-{len(list(work.iterdir()))}"
     base.mkdir(parents=True)
     trace = base / "trace.csv"
     write_trace(trace, 4 * ranks * slots, rate=None, out_lo=150, out_hi=250, seed=ranks * slots)
     emu = Emulator(ranks, slots, scale, base / "log")
     cpu0 = emu.cpu()
     t0 = time.monotonic()
-    extra = ["--concurrency-limit", str(int(1.5 * ranks * slots)), "--request-timeout", "600"]
+    extra = ["--concurrency-limit", str(int(1.25 * ranks * slots)), "--request-timeout", "600"]
     extra += ["--max-duration", str(seconds)]
     summary, bench_cpu, _ = bench(emu.urls, trace, base / "bench", extra)
     wall = time.monotonic() - t0
@@ -204,6 +206,10 @@ def realtime(ranks: int, slots: int, scale: float, seconds: float, work: Path) -
         "tokens_per_s_emitted": round(float(emitted.sum()) / span, 1) if span else None,
         "bench_tokens_per_s_received": round(summary["output_throughput"], 1),
         "bench_completed": summary["completed"],
+        "bench_itl_ms": {
+            "p50": round(summary["median_itl_ms"], 3),
+            "p99": round(summary["p99_itl_ms"], 3),
+        },
         "cpu_emulator": round(emu_cpu / wall, 3),
         "cpu_bench": round(bench_cpu / wall, 3),
         "sustained": bool(full.sum() >= 50 and med <= 0.05 and resyncs == 0),
@@ -264,26 +270,40 @@ def main() -> int:
         if args.only in (None, "sweep"):
             sweep = []
             for g, b in SWEEP:
-                point = realtime(g, b, 1.0, args.seconds, work)
+                same = result.get("realtime", {})
+                if (same.get("ranks"), same.get("slots"), same.get("time_scale")) == (g, b, 1.0):
+                    point = same
+                else:
+                    point = realtime(g, b, 1.0, args.seconds, work)
+                    print(json.dumps(point), file=sys.stderr)
                 sweep.append(point)
-                print(json.dumps(point), file=sys.stderr)
+                if not point["sustained"]:
+                    break
             result["sweep"] = sweep
             ok = [pt for pt in sweep if pt["sustained"]]
+            best = max(ok, key=lambda pt: pt["ranks"] * pt["slots"]) if ok else None
             result["largest_sustained_at_real_time"] = (
-                max(ok, key=lambda pt: pt["ranks"] * pt["slots"]) if ok else None
+                None if best is None else {"ranks": best["ranks"], "slots": best["slots"]}
             )
             big = next((pt for pt in sweep if (pt["ranks"], pt["slots"]) == (16, 64)), None)
-            scales = [big] if big else []
-            if not (big and big["sustained"]):
-                for scale in SCALES[1:]:
-                    point = realtime(16, 64, scale, args.seconds, work)
-                    scales.append(point)
-                    print(json.dumps(point), file=sys.stderr)
-                    if point["sustained"]:
-                        break
-            result["g16_b64_scales"] = scales
+            if big is None:
+                big = realtime(16, 64, 1.0, args.seconds, work)
+            scales = [big]
+            for scale in SCALES_UP if big["sustained"] else SCALES_DOWN:
+                point = realtime(16, 64, scale, args.seconds, work)
+                scales.append(point)
+                print(json.dumps(point), file=sys.stderr)
+                if point["sustained"] != big["sustained"]:
+                    break
+            result["g16_b64_scales"] = [
+                {k: pt[k] for k in ("time_scale", "overrun", "lateness_ms", "sustained")}
+                for pt in scales
+            ]
             good = [pt["time_scale"] for pt in scales if pt["sustained"]]
-            result["g16_b64_time_scale_needed"] = max(good) if good else None
+            result["g16_b64_time_scale_needed"] = (
+                1.0 if big["sustained"] else (max(good) if good else None)
+            )
+            result["g16_b64_fastest_sustained"] = max(good) if good else None
     result["machine"]["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     text = json.dumps(result, indent=2)
     print(text)

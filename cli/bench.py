@@ -45,6 +45,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--slots", type=int, default=32, help="--load: slots per rank (32)")
     p.add_argument("--cost", default="paper-dsv3", choices=sorted(COST_PRESETS), help="--load")
     p.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="--load: the emulator's --time-scale (its capacity scales with it)",
+    )
+    p.add_argument(
         "--endpoint", default="completions", choices=list(ENDPOINTS), help="API (completions)"
     )
     p.add_argument(
@@ -90,6 +96,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         ranks=args.ranks,
         slots=args.slots,
         cost=args.cost,
+        time_scale=args.time_scale,
         endpoint=args.endpoint,
         prompt_format=args.prompt_format,
         model=args.model,

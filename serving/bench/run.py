@@ -51,6 +51,7 @@ class BenchConfig:
     ranks: int | None = None  # for --load: decode ranks (default: the number of URLs)
     slots: int = 32  # for --load
     cost: str = "paper-dsv3"  # for --load
+    time_scale: float = 1.0  # for --load: the emulator's time scale (capacity x time_scale)
     endpoint: str = "completions"
     prompt_format: str = "text"
     model: str | None = None
@@ -67,6 +68,8 @@ class BenchConfig:
             raise UserError("give --rate-scale or --load, not both")
         if self.concurrency_limit is not None and self.concurrency_limit < 1:
             raise UserError(f"--concurrency-limit must be >= 1, got {self.concurrency_limit}")
+        if not self.time_scale > 0:
+            raise UserError(f"--time-scale must be > 0, got {self.time_scale}")
         if not self.request_timeout_s > 0:
             raise UserError("--request-timeout must be > 0")
         if self.max_duration_s is not None and not self.max_duration_s > 0:
@@ -193,7 +196,7 @@ def run_bench(config: BenchConfig) -> BenchResult:
     )
     if config.load is not None:
         ranks = config.ranks or len(targets)
-        rate_scale = rate_scale_for_load(
+        rate_scale = config.time_scale * rate_scale_for_load(
             to_arrays(frame), config.load, ranks, config.slots, cost_preset(config.cost)
         )
     else:

@@ -19,6 +19,7 @@ import signal
 import socket
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -101,6 +102,9 @@ async def serve(config: EmulatorConfig, ready: Callable[[str], None] | None = No
     await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
     for s in servers:
         s.should_exit = True
+    crashed = clock.done() and not clock.cancelled() and clock.exception() is not None
+    if crashed:  # a bug, never bad input: say so loudly, then shut down cleanly
+        traceback.print_exception(clock.exception(), file=sys.stderr)
     clock.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await clock
@@ -120,6 +124,8 @@ async def serve(config: EmulatorConfig, ready: Callable[[str], None] | None = No
             },
             log.dir / "summary.json",
         )
+    if crashed:
+        raise SystemExit(1)
 
 
 def _print_ready(line: str) -> None:

@@ -167,6 +167,7 @@ def realtime(ranks: int, slots: int, scale: float, seconds: float, work: Path) -
     base.mkdir(parents=True)
     trace = base / "trace.csv"
     write_trace(trace, 4 * ranks * slots, rate=None, out_lo=150, out_hi=250, seed=ranks * slots)
+    load_before = os.getloadavg()[0]
     emu = Emulator(ranks, slots, scale, base / "log")
     cpu0 = emu.cpu()
     t0 = time.monotonic()
@@ -213,6 +214,7 @@ def realtime(ranks: int, slots: int, scale: float, seconds: float, work: Path) -
         "cpu_emulator": round(emu_cpu / wall, 3),
         "cpu_bench": round(bench_cpu / wall, 3),
         "sustained": bool(full.sum() >= 50 and med <= 0.05 and resyncs == 0),
+        "loadavg_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }
 
 
@@ -296,7 +298,10 @@ def main() -> int:
                 if point["sustained"] != big["sustained"]:
                     break
             result["g16_b64_scales"] = [
-                {k: pt[k] for k in ("time_scale", "overrun", "lateness_ms", "sustained")}
+                {
+                    k: pt[k]
+                    for k in ("time_scale", "overrun", "lateness_ms", "sustained", "loadavg_1min")
+                }
                 for pt in scales
             ]
             good = [pt["time_scale"] for pt in scales if pt["sustained"]]

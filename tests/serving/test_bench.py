@@ -119,3 +119,17 @@ def test_silent_endpoint_times_out_and_the_run_is_bounded(tmp_path: Path, silent
     assert res.summary["failed"] == 4
     assert "timed out after 0.5 s" in errors[0]
     assert any(e.startswith("not sent") or e.startswith("cancelled") for e in errors[1:])
+
+
+def test_load_follows_the_emulator_time_scale(tmp_path: Path):
+    url = f"http://127.0.0.1:{free_port_range(1)}"
+    scales = []
+    for time_scale in (1.0, 4.0):
+        cfg = _config(
+            tmp_path / str(time_scale), [url], requests=20, load=0.01, slots=8,
+            time_scale=time_scale, max_duration_s=1.0,
+        )  # fmt: skip
+        scales.append(run_bench(cfg).summary["rate_scale"])
+    assert scales[1] == pytest.approx(4 * scales[0])
+    with pytest.raises(UserError):
+        _config(tmp_path, [url], rate_scale=2.0, load=1.0)

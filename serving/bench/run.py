@@ -151,6 +151,10 @@ async def run_plan(
                 await stream_request(
                     session, target.url, body, h, rec, t0, config.request_timeout_s
                 )
+        except asyncio.CancelledError:
+            if not rec.error:
+                rec.error = "cancelled: the run's time limit was reached before it was sent"
+            raise
         finally:
             last_end = max(last_end, time.perf_counter())
             bar.update(1)

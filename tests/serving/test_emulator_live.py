@@ -3,10 +3,12 @@ the simulator replaying the emulator's admissions from its log."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pandas as pd
 import pytest
@@ -19,6 +21,20 @@ from balanceroute.serving.emulator.parity import compare
 pytestmark = pytest.mark.server
 
 RANKS, SLOTS = 3, 4
+
+
+def _walk_away(url: str) -> None:
+    """Open a long stream, read a few tokens, disconnect."""
+    body = {"prompt": "gone soon", "max_tokens": 10_000, "ignore_eos": True, "stream": True}
+    with (
+        httpx.Client(timeout=30.0) as client,
+        client.stream(
+            "POST", url + "/v1/completions", json=body, headers={"x-request-id": "walker"}
+        ) as r,
+    ):
+        for n, _ in enumerate(r.iter_lines()):
+            if n >= 8:
+                return
 
 
 @pytest.fixture(scope="module")
@@ -35,19 +51,24 @@ def live_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
         log_dir=str(log_dir),
     )
     try:
+        # a client that walks away mid-stream: the parity must hold with a cancelled request too
+        walker = threading.Thread(target=_walk_away, args=(emu.urls[0],))
+        walker.start()
         args = ["bench", "--preset", "azure-conv", "--requests", "60", "--rate-scale", "30"]
         args += ["--out", str(base / "bench"), "--request-timeout", "60", "--no-progress"]
         for url in emu.urls:
             args += ["--url", url]
         assert balanceroute_main(args) == 0
+        walker.join()
         counters = {
             name: emu.metrics(name)
             for name in (
                 "vllm:generation_tokens_total",
                 "vllm:prompt_tokens_total",
-                "vllm:request_success_total",
             )
         }
+        for reason in ("length", "stop", "abort"):
+            counters[reason] = emu.metrics("vllm:request_success_total", finished_reason=reason)
         counters["accepted"] = emu.state()["accepted"]
     finally:
         emu.stop()
@@ -66,10 +87,13 @@ def live_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
 
 def test_bench_counts_equal_the_emulator_counters(live_run):
     s, c = live_run["summary"], live_run["counters"]
+    walker = live_run["emu_requests"].set_index("request_id").loc["walker"]
+    assert walker["finish_reason"] == "abort" and 0 < walker["generated"] < 10_000
     assert s["completed"] == 60 and s["failed"] == 0
-    assert s["completed"] == c["vllm:request_success_total"] == c["accepted"]
-    assert s["total_output_tokens"] == c["vllm:generation_tokens_total"]
-    assert s["total_input_tokens"] == c["vllm:prompt_tokens_total"]
+    assert s["completed"] == c["length"] == c["accepted"] - 1 and c["stop"] == 0
+    assert c["abort"] == 1
+    assert s["total_output_tokens"] == c["vllm:generation_tokens_total"] - walker["generated"]
+    assert s["total_input_tokens"] == c["vllm:prompt_tokens_total"] - walker["prompt_tokens"]
     req = live_run["requests"]
     # every streamed request received exactly max_tokens token events (and [DONE]: success)
     assert (req["token_events"] == req["max_tokens"]).all()
@@ -81,13 +105,14 @@ def test_bench_counts_equal_the_emulator_counters(live_run):
 
 def test_simulator_reproduces_the_emulator_exactly(live_run):
     report = compare(live_run["log_dir"])
-    assert report["requests"] == 60
+    assert report["requests"] == 61  # with the request whose client walked away
     assert report["sim_iterations"] == report["iterations"] > 0
     assert report["loads_equal"], report
     assert report["model_start_equal"], report
     assert report["duration_max_abs_diff_s"] == 0.0
     assert report["tokens_equal"] and report["running_equal"]
-    assert report["total_tokens"] == live_run["summary"]["total_output_tokens"]
+    walker = live_run["emu_requests"].set_index("request_id").loc["walker", "generated"]
+    assert report["total_tokens"] == live_run["summary"]["total_output_tokens"] + walker
 
 
 def test_ranks_hold_at_most_b_and_queues_drain_fcfs(live_run):
@@ -101,7 +126,7 @@ def test_ranks_hold_at_most_b_and_queues_drain_fcfs(live_run):
         admit = rank.sort_values("seq")["admit_iter"].to_numpy()
         assert (np.diff(admit) >= 0).all(), "a rank admitted out of arrival order"
     # request ids sent by bench are the ones the emulator logged
-    assert set(rq["request_id"]) == set(live_run["requests"]["request_id"])
+    assert set(rq["request_id"]) == {*live_run["requests"]["request_id"], "walker"}
 
 
 def test_logs_are_complete_parquet(live_run):

@@ -25,6 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="append",
         required=True,
         dest="urls",
+        metavar="URL",
         help="base URL of one rank (http://host:port) or a full endpoint URL; repeat for more",
     )
     src = p.add_mutually_exclusive_group()

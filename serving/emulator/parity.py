@@ -13,6 +13,7 @@ order, so the comparison is exact.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -64,8 +65,6 @@ def replay(
 
 def compare(directory: str | Path) -> dict[str, Any]:
     """Replay a logged run and report how far the simulator is from the emulator."""
-    import json
-
     base = Path(directory)
     config = EmulatorConfig.from_dict(json.loads((base / "config.json").read_text()))
     iterations, requests = read_log(base)

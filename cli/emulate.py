@@ -83,7 +83,10 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
 
 def cmd_emulate(args: argparse.Namespace) -> int:
     """Check the flags here (errors exit 2), then exec the lean emulator process."""
+    from balanceroute.serving.emulator.iterlog import IterationLog
     from balanceroute.serving.emulator.runner import exec_emulator
 
-    exec_emulator(config_from_args(args))
+    config = config_from_args(args)
+    IterationLog(config.log_dir, config.ranks)  # a used log folder is a one-line error here
+    exec_emulator(config)
     return 0  # pragma: no cover - exec does not return

@@ -24,6 +24,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from balanceroute.features.errors import UserError
+
 SCALAR_COLUMNS = (
     ("iteration", np.int64),
     ("start_s", np.float64),
@@ -92,6 +94,10 @@ class IterationLog:
         self.req_parts = 0
         self.requests: list[tuple] = []
         if self.dir is not None:
+            if any(self.dir.glob("*/part-*.parquet")):
+                raise UserError(
+                    f"log folder {self.dir} already holds a run's logs; give a new or empty one"
+                )
             (self.dir / "iterations").mkdir(parents=True, exist_ok=True)
             (self.dir / "requests").mkdir(parents=True, exist_ok=True)
 

@@ -71,8 +71,8 @@ def _server(app: Any) -> uvicorn.Server:
 
 async def serve(config: EmulatorConfig, ready: Callable[[str], None] | None = None) -> None:
     """Serve until SIGINT or SIGTERM."""
-    sockets = bind_sockets(config.host, config.ports())
     log = IterationLog(config.log_dir, config.ranks)
+    sockets = bind_sockets(config.host, config.ports())
     group = DecodeGroup(config, log)
     if log.dir is not None:
         write_json_atomic({**config.as_dict(), "epoch": group.epoch}, log.dir / "config.json")

@@ -211,6 +211,10 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys):
 
     assert main(["emulate", "--ranks", "0"]) == 2
     assert main(["emulate", "--time-scale", "-1"]) == 2
+    used = tmp_path / "log" / "iterations"
+    used.mkdir(parents=True)
+    (used / "part-00000.parquet").write_bytes(b"")
+    assert main(["emulate", "--log", str(tmp_path / "log")]) == 2
     assert main(["bench", "--url", "ftp://x", "--out", str(tmp_path), "--requests", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 3 and all(line.startswith("balanceroute ") for line in err)
+    assert len(err) == 4 and all(line.startswith("balanceroute ") for line in err)

@@ -39,6 +39,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "score estimators on the time-ordered holdout",
     ),
     "serve": ("balanceroute.cli.serve", "serve predictions and routing decisions over HTTP"),
+    "emulate": (
+        "balanceroute.cli.emulate",
+        "run a decode group behind one OpenAI-compatible port per rank",
+    ),
+    "bench": (
+        "balanceroute.cli.bench",
+        "replay a trace against OpenAI-compatible endpoints and measure it",
+    ),
 }
 
 

@@ -5,6 +5,12 @@ from __future__ import annotations
 import argparse
 import os
 
+from balanceroute.cli.options import (
+    add_workload_args,
+    positive_float,
+    positive_int,
+    workload_from_args,
+)
 from balanceroute.router.cost import COST_PRESETS
 from balanceroute.serving.bench.plan import ENDPOINTS, PROMPT_FORMATS
 from balanceroute.serving.bench.run import BenchConfig, run_bench
@@ -28,26 +34,24 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="URL",
         help="base URL of one rank (http://host:port) or a full endpoint URL; repeat for more",
     )
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--trace", help="trace file (Azure, Mooncake, BurstGPT or canonical)")
-    src.add_argument("--preset", help="synthetic preset (default paper-prod when no trace)")
-    p.add_argument("--requests", type=int, help="replay the first N requests (synthetic: N)")
-    p.add_argument("--format", default="auto", help="force the trace format")
-    p.add_argument("--key-blocks", type=int, default=2, help="Mooncake key: first K hash ids")
-    p.add_argument("--seed", type=int, default=0, help="seed of a synthetic preset")
+    add_workload_args(p)
     rate = p.add_mutually_exclusive_group()
-    rate.add_argument("--rate-scale", type=float, help="arrivals X times faster (default 1)")
+    rate.add_argument(
+        "--rate-scale", type=positive_float, help="arrivals X times faster (default 1)"
+    )
     rate.add_argument(
         "--load",
-        type=float,
+        type=positive_float,
         help="arrivals at X times the estimated decode capacity of --ranks x --slots",
     )
-    p.add_argument("--ranks", type=int, help="--load: decode ranks (default: number of --url)")
-    p.add_argument("--slots", type=int, default=32, help="--load: slots per rank (32)")
+    p.add_argument(
+        "--ranks", type=positive_int, help="--load: decode ranks (default: number of --url)"
+    )
+    p.add_argument("--slots", type=positive_int, default=32, help="--load: slots per rank (32)")
     p.add_argument("--cost", default="paper-dsv3", choices=sorted(COST_PRESETS), help="--load")
     p.add_argument(
         "--time-scale",
-        type=float,
+        type=positive_float,
         default=1.0,
         help="--load: the emulator's --time-scale (its capacity scales with it)",
     )
@@ -62,13 +66,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--model", help="model name (default: the first one /v1/models lists)")
     p.add_argument("--api-key", help="bearer token (default: $OPENAI_API_KEY if set)")
-    p.add_argument("--concurrency-limit", type=int, help="at most C requests open at once")
+    p.add_argument("--concurrency-limit", type=positive_int, help="at most C requests open at once")
     p.add_argument(
-        "--request-timeout", type=float, default=600.0, help="seconds a request may take (600)"
+        "--request-timeout",
+        type=positive_float,
+        default=600.0,
+        help="seconds a request may take (600)",
     )
     p.add_argument(
         "--max-duration",
-        type=float,
+        type=positive_float,
         help="bound on the whole run in seconds (default: last send + one request timeout)",
     )
     p.add_argument("--out", required=True, help="output folder")
@@ -86,12 +93,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     config = BenchConfig(
         urls=tuple(args.urls),
         out_dir=args.out,
-        trace=args.trace,
-        preset=args.preset,
-        requests=args.requests,
-        format=args.format,
-        key_blocks=args.key_blocks,
-        seed=args.seed,
+        workload=workload_from_args(args),
         rate_scale=args.rate_scale,
         load=args.load,
         ranks=args.ranks,

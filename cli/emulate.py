@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from balanceroute.cli.options import positive_float, positive_int
 from balanceroute.router.cost import COST_PRESETS, cost_preset
 from balanceroute.serving.emulator.config import (
     DEFAULT_MODEL,
@@ -26,8 +27,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "t_fixed + t_token * max_g L_g(k) (the cost preset) divided by the time scale. Stop "
         "with Ctrl-C or SIGTERM; --log DIR then holds the iteration and request logs.",
     )
-    p.add_argument("--ranks", type=int, default=8, help="G: ranks, one port each (default 8)")
-    p.add_argument("--slots", type=int, default=32, help="B: running requests per rank (32)")
+    p.add_argument(
+        "--ranks", type=positive_int, default=8, help="G: ranks, one port each (default 8)"
+    )
+    p.add_argument(
+        "--slots", type=positive_int, default=32, help="B: running requests per rank (32)"
+    )
     p.add_argument(
         "--cost", default="paper-dsv3", choices=sorted(COST_PRESETS), help="iteration cost model"
     )
@@ -35,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port-base", type=int, default=9000, help="port of rank 0 (9000)")
     p.add_argument(
         "--time-scale",
-        type=float,
+        type=positive_float,
         default=1.0,
         help="run X times faster than the cost model (default 1: real time)",
     )
@@ -43,7 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--log", dest="log_dir", help="write the iteration and request logs here")
     p.add_argument("--model", default=DEFAULT_MODEL, help="served model name (%(default)s)")
     p.add_argument(
-        "--max-model-len", type=int, default=131_072, help="prompt + output limit (131072)"
+        "--max-model-len", type=positive_int, default=131_072, help="prompt + output limit (131072)"
     )
     p.add_argument(
         "--kv-capacity",
@@ -58,9 +63,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="output length when ignore_eos is false, capped by max_tokens (geometric)",
     )
     p.add_argument(
-        "--output-mean", type=float, default=256.0, help="its mean (lognormal: median), 256"
+        "--output-mean",
+        type=positive_float,
+        default=256.0,
+        help="its mean (lognormal: median), 256",
     )
-    p.add_argument("--output-sigma", type=float, default=1.0, help="lognormal log-spread (1.0)")
+    p.add_argument(
+        "--output-sigma", type=positive_float, default=1.0, help="lognormal log-spread (1.0)"
+    )
     p.set_defaults(func=cmd_emulate)
 
 

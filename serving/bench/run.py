@@ -40,12 +40,7 @@ class BenchConfig:
 
     urls: tuple[str, ...]
     out_dir: str
-    trace: str | None = None
-    preset: str | None = None
-    requests: int | None = None
-    format: str = "auto"
-    key_blocks: int = 2
-    seed: int = 0
+    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
     rate_scale: float | None = None
     load: float | None = None
     ranks: int | None = None  # for --load: decode ranks (default: the number of URLs)
@@ -184,16 +179,7 @@ def run_bench(config: BenchConfig) -> BenchResult:
     """Load the trace, replay it against the URLs, write ``summary.json`` and
     ``requests.parquet`` to ``config.out_dir`` and return them."""
     targets = resolve_targets(list(config.urls), config.endpoint)
-    frame, source = load_workload(
-        WorkloadSpec(
-            trace=config.trace,
-            preset=config.preset,
-            requests=config.requests,
-            seed=config.seed,
-            format=config.format,
-            key_blocks=config.key_blocks,
-        )
-    )
+    frame, source = load_workload(config.workload)
     if config.load is not None:
         ranks = config.ranks or len(targets)
         rate_scale = config.time_scale * rate_scale_for_load(

@@ -16,6 +16,7 @@ from emulator_helpers import free_port_range
 from balanceroute.features.errors import UserError
 from balanceroute.features.prompts import build_prompt, prompt_key_of
 from balanceroute.features.synthetic import generate
+from balanceroute.features.workload import WorkloadSpec
 from balanceroute.serving.bench.plan import make_plan, resolve_targets
 from balanceroute.serving.bench.run import BenchConfig, run_bench
 
@@ -86,11 +87,15 @@ def silent_server() -> Iterator[str]:
     sock.close()
 
 
-def _config(tmp_path: Path, urls: list[str], **kw) -> BenchConfig:
+def _config(tmp_path: Path, urls: list[str], requests: int, **kw) -> BenchConfig:
     return BenchConfig(
-        urls=tuple(urls), out_dir=str(tmp_path / "out"), preset="azure-conv", model="m",
-        progress=False, **kw,
-    )  # fmt: skip
+        urls=tuple(urls),
+        out_dir=str(tmp_path / "out"),
+        workload=WorkloadSpec(preset="azure-conv", requests=requests),
+        model="m",
+        progress=False,
+        **kw,
+    )
 
 
 def test_dead_endpoint_fails_fast_and_keeps_every_error(tmp_path: Path):
@@ -132,4 +137,4 @@ def test_load_follows_the_emulator_time_scale(tmp_path: Path):
         scales.append(run_bench(cfg).summary["rate_scale"])
     assert scales[1] == pytest.approx(4 * scales[0])
     with pytest.raises(UserError):
-        _config(tmp_path, [url], rate_scale=2.0, load=1.0)
+        _config(tmp_path, [url], 5, rate_scale=2.0, load=1.0)

@@ -119,6 +119,28 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     ),
     "serve host": (["serve", "--model-uri", "TRACE", "--host", "300.1.1.1"], ["300.1.1.1"]),
     "serve port": (["serve", "--model-uri", "TRACE", "--port", "70000"], ["port"]),
+    # the live test bed
+    "emulate ranks 0": (["emulate", "--ranks", "0"], ["--ranks", "at least 1"]),
+    "emulate time-scale nan": (["emulate", "--time-scale", "nan"], ["--time-scale", "finite"]),
+    "emulate port": (["emulate", "--port-base", "70000"], ["port"]),
+    "emulate output mean": (["emulate", "--output-mean", "-5"], ["--output-mean"]),
+    "bench requests 0": (
+        ["bench", "--url", "http://127.0.0.1:9", "--requests", "0", "--out", "o"],
+        ["--requests"],
+    ),
+    "bench load": (
+        ["bench", "--url", "http://127.0.0.1:9", "--load", "-1", "--out", "o"],
+        ["--load"],
+    ),
+    "bench timeout": (
+        ["bench", "--url", "http://127.0.0.1:9", "--request-timeout", "0", "--out", "o"],
+        ["--request-timeout"],
+    ),
+    "bench concurrency": (
+        ["bench", "--url", "http://127.0.0.1:9", "--concurrency-limit", "0", "--out", "o"],
+        ["--concurrency-limit"],
+    ),
+    "bench url": (["bench", "--url", "notaurl", "--requests", "2", "--out", "o"], ["notaurl"]),
 }
 
 ENV_CASES: dict[str, tuple[dict[str, str], list[str], list[str]]] = {

@@ -20,6 +20,7 @@ TARGETS = {
     "azure-conv": (1_155, 211),
     "mooncake-conv": (12_035, 343),
     "geometric": (1_024.5, 256),
+    "code-completion": (3_000, 40),
 }
 
 
@@ -40,7 +41,7 @@ def test_means_within_ten_percent(traces, name):
     assert trace["output_tokens"].mean() == pytest.approx(output, rel=0.1)
 
 
-@pytest.mark.parametrize("name", ["paper-prod", "azure-conv", "mooncake-conv"])
+@pytest.mark.parametrize("name", ["paper-prod", "azure-conv", "mooncake-conv", "code-completion"])
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_means_hold_for_other_seeds(name, seed):
     prompt, output = TARGETS[name]

@@ -80,8 +80,8 @@ class BalanceRouteConfig:
     guard: bool = field(
         default=True,
         metadata={
-            "help": "do-no-harm guard: shrink a deployable estimator's projection toward no "
-            "prediction by a weight learned online from completions"
+            "help": "do-no-harm guard: a deployable estimator's projection is used only while "
+            "its decisions, judged on what happened, beat those made without it"
         },
     )
     guard_stride: int = field(
@@ -89,9 +89,6 @@ class BalanceRouteConfig:
     )
     guard_memory: float = field(
         default=64.0, metadata={"help": "scored snapshots the guard remembers (forgetting)"}
-    )
-    guard_start: float = field(
-        default=0.0, metadata={"help": "guard weight until a few snapshots are scored"}
     )
 
     def __post_init__(self) -> None:
@@ -113,7 +110,6 @@ class BalanceRouteConfig:
             (self.kv_capacity is None or self.kv_capacity > 0, "kv_capacity must be > 0"),
             (self.guard_stride >= 1, f"guard_stride must be >= 1, got {self.guard_stride}"),
             (self.guard_memory >= 1, f"guard_memory must be >= 1, got {self.guard_memory}"),
-            (0 <= self.guard_start <= 1, f"guard_start must be in [0, 1], got {self.guard_start}"),
         ]
         for ok, msg in checks:
             if not ok:

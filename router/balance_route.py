@@ -77,9 +77,10 @@ def confident_cutoff(
 def guarded(estimator: CompletionEstimator | None) -> bool:
     """Whether the do-no-harm guard watches this estimator: deployable ones that predict
     something (the references and ``none`` are measured as they are)."""
-    return (
-        estimator is not None and estimator.deployable and estimator.fitting is not Fitting.NONE
-    )
+    return estimator is not None and estimator.deployable and estimator.fitting is not Fitting.NONE
+
+
+MAX_PENDING = 64  # completion batches held for the estimator at most (bounded memory)
 
 
 class OutputMean:
@@ -156,14 +157,17 @@ class BalanceRoutePolicy(Policy):
         self.guard = None
         if cfg.guard and cfg.horizon > 0 and guarded(self.estimator):
             self.guard = ProjectionGuard(
-                g,
-                cfg.horizon,
-                stride=cfg.guard_stride,
-                memory=cfg.guard_memory,
-                start=cfg.guard_start,
-                beta=self.beta,
+                g, cfg.horizon, g * ctx.slots, stride=cfg.guard_stride, memory=cfg.guard_memory
             )
             self.worker_of: dict[int, int] = {}  # running requests' workers, for the guard
+
+    def share_guard(self, guard: ProjectionGuard) -> bool:
+        """Use ``guard`` (kept by the caller across decisions) instead of a guard of this run's
+        own; returns whether this policy is guarded at all."""
+        if self.guard is None:
+            return False
+        self.guard = guard
+        return True
 
     def on_complete(self, positions, output_tokens, finish_s, iteration) -> None:
         if self.config.auto_gamma is not None and self.config.horizon > 0:
@@ -173,12 +177,11 @@ class BalanceRoutePolicy(Policy):
         if self.cache is not None:
             self.cache.release(positions)
         if self.guard is not None:
-            outputs = np.asarray(output_tokens, dtype=np.int64)
             self.guard.departed(
                 iteration,
-                np.array([self.worker_of.pop(p) for p in positions.tolist()], dtype=np.int64),
+                np.array([self.worker_of.pop(p, 0) for p in positions.tolist()], dtype=np.int64),
                 self.ctx.requests.prompt_tokens[positions],
-                iteration - outputs,
+                iteration - np.asarray(output_tokens, dtype=np.int64),
             )
         if self.estimator is not None and self.config.horizon > 0 and self.estimator.learns_online:
             table = self.ctx.requests
@@ -192,6 +195,8 @@ class BalanceRoutePolicy(Policy):
                 self.estimator.observe(done)
             else:  # shown to the estimator before its next prediction, in one batch
                 self.pending.append(done)
+                if len(self.pending) >= MAX_PENDING:
+                    self._flush_completions()
 
     def _flush_completions(self) -> None:
         """Completions since the last prediction go to the estimator, in finish order."""
@@ -250,6 +255,13 @@ class BalanceRoutePolicy(Policy):
         if cfg.horizon == 0:
             return state.loads[:, None].copy()
         k = state.iteration
+        guard = self.guard
+        if guard is not None:
+            none = state.loads[:, None] + state.active[:, None].astype(np.float64) * self.hs
+            self.views = (none, None)
+            if guard.weight == 0.0 and not guard.due(k):  # stepping aside: nothing to predict
+                self._refill(waiting)
+                return guard.use(none, none)
         if self.cache is not None:
             loads = self._incremental(state, waiting)
         else:
@@ -257,13 +269,10 @@ class BalanceRoutePolicy(Policy):
             if proj.k0 is None or k - proj.k0 >= cfg.refresh or k < proj.k0:
                 self._refresh(state, waiting)
             loads = proj.view(k, state.loads)
-        guard = self.guard
         if guard is None:
             return loads
-        none = state.loads[:, None] + state.active[:, None].astype(np.float64) * self.hs[None, :]
-        if guard.due(k):
-            guard.record(k, none, none - loads, waiting, self.refill_prompt, self.weights)
-        return guard.shrink(none, loads)
+        self.views = (none, loads)
+        return guard.use(none, loads)
 
     def _refill(self, waiting: np.ndarray) -> float | None:
         """The typical waiting prompt a freed slot is projected to be refilled with."""
@@ -354,23 +363,12 @@ class BalanceRoutePolicy(Policy):
         cand = state.pool.head(due + max(cfg.window, cfg.r_max))
         prompts = state.requests.prompt_tokens[cand].astype(np.float64)
         loads = self.projected_loads(state, prompts)
-        idx, workers = br_step(
-            loads,
-            state.free_slots.copy(),
-            prompts,
-            self._overdue(state, cand),
-            self.weights,
-            self.beta,
-            cfg.penalty == "max",
-            np.inf if cfg.kv_capacity is None else float(cfg.kv_capacity),
-            self.s_greedy,
-            cfg.window,
-            cfg.r_max,
-            due,
-            self.counters,
-        )
+        overdue = self._overdue(state, cand)
+        idx, workers = self._step(loads, state, prompts, overdue, due, self.counters)
+        if self.guard is not None and self.guard.due(state.iteration):
+            self._keep_snapshot(state, prompts, overdue, due, prompts[idx], workers)
         positions = cand[idx]
-        if cfg.horizon > 0 and self.cache is None:
+        if cfg.horizon > 0 and self.cache is None and self.projection.k0 is not None:
             k = state.iteration
             add = self.projection.add
             for p, g, b in zip(
@@ -380,6 +378,42 @@ class BalanceRoutePolicy(Policy):
         if self.guard is not None:
             self.worker_of.update(zip(positions.tolist(), workers.tolist(), strict=True))
         return Admissions(positions, workers)
+
+    def _step(self, loads, state, prompts, overdue, due, counters):
+        """One compiled step on ``loads`` (updated in place): candidate indices and workers."""
+        cfg = self.config
+        return br_step(
+            loads,
+            state.free_slots.copy(),
+            prompts,
+            overdue,
+            self.weights,
+            self.beta,
+            cfg.penalty == "max",
+            np.inf if cfg.kv_capacity is None else float(cfg.kv_capacity),
+            self.s_greedy,
+            cfg.window,
+            cfg.r_max,
+            due,
+            counters,
+        )
+
+    def _keep_snapshot(self, state, prompts, overdue, due, chosen, workers) -> None:
+        """The guard's snapshot: this step's decision and the one the other projection (the
+        estimator's, or none) would have made, to be judged on what happens."""
+        none, estimated = self.views
+        with_estimator = self.guard.weight == 1.0
+        other = (none if with_estimator else estimated).copy()
+        o_idx, o_workers = self._step(other, state, prompts, overdue, due, np.zeros(4, np.int64))
+        mine, theirs = (workers, chosen), (o_workers, prompts[o_idx])
+        self.guard.record(
+            state.iteration,
+            none,
+            self.refill_prompt,
+            self.weights,
+            without=theirs if with_estimator else mine,
+            with_estimator=mine if with_estimator else theirs,
+        )
 
     def _overdue(self, state: RouterState, cand: np.ndarray) -> np.ndarray:
         """The fairness guard: candidates overtaken too often or waiting too long."""

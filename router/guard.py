@@ -1,37 +1,37 @@
 """The do-no-harm guard of BR-H (docs/design.md, "The do-no-harm guard").
 
 BR-H scores admissions against each worker's projected load. Without prediction every running
-request is projected to survive: ``P0_g(h) = L_g + n_g h``. An estimator's projection is
-``P_g(h) = P0_g(h) - D_g(h)``, where ``D`` is the load its predicted departures take away (net
-of the refill); a weight ``w`` in ``[0, 1]`` shrinks it toward the prediction-free one:
-``P_w = P0 - w D`` (the same as shrinking every survival curve, ``S_w = 1 - w (1 - S)``, since
-the projection is linear in the curves).
+request is projected to survive: ``P0_g(h) = L_g + n_g h``; an estimator's projection ``P`` is
+lower where it expects departures. The guard's weight ``w`` in ``{0, 1}`` chooses between them,
+``P_w = P0 - w (P0 - P)``: with ``w = 0`` the router steps aside from the estimator and decides
+exactly as ``brh:none`` does.
 
-The weight is chosen online, causally, from the completions the router sees. Every ``stride``
-iterations the guard keeps a snapshot of ``P0`` and ``D`` (``G x (H+1)`` each) and of a few
-typical waiting prompts; as the snapshot's running requests finish, it adds the load their
-departures really took away, ``N`` (same refill rule), so ``P0 - N`` is what happened. ``H``
-iterations later the snapshot is scored *as the router uses it*: for each typical prompt ``b``
-the score ``F_g(b)`` of placing it on each worker (``router.scoring.horizon_score`` against
-that worker's projected margins), centred over the workers (only the ranking of workers
-matters to a decision), is compared with the score the realised loads give; the loss of each
-weight on a grid ``WEIGHTS`` accumulates with exponential forgetting (memory of about
-``memory`` snapshots, at most ``ceil((H + 1) / stride) + 1`` snapshots live at once). The guard
-uses the weight with the least loss, but only where it beats no prediction (``w = 0``) by
-``MATERIAL``: an estimator that does not measurably improve the decisions steps aside.
+The weight is learned online, causally, from the completions the router sees, by judging
+*decisions* on what happened, with no experiment on live traffic. Every ``stride`` iterations
+the guard keeps a snapshot: ``P0``, the admissions the step made, and the admissions the same
+step would have made with the other projection (one more compiled step, not applied). As the
+snapshot's running requests finish, the guard adds the load their departures really took away,
+``N`` (with the projection's refill rule), so ``P0 - N`` is what the running requests really
+did. Once the horizon has passed, both decisions are scored on it by the quantity BR-H
+minimises: the discounted imbalance ``sum_h gamma^h (G max_g L_{g,h} - sum_g L_{g,h})`` of
+``P0 - N`` plus each decision's admissions (``b + h`` on their workers). Each snapshot gives the
+relative difference ``d = (loss_with - loss_without) / loss_without``; their mean ``m`` and
+standard error ``se`` are kept with exponential forgetting (memory of about ``memory``
+snapshots). The estimator's projection is used only while ``m + se < 0``: while its decisions
+are measurably better than the prediction-free ones over the effective horizon. Memory is
+bounded: at most ``ceil((H + 1) / stride) + 1`` snapshots live at once, each holding ``P0``,
+``N`` and at most ``G * B`` admissions per decision.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 from numba import njit
 
-MIN_SNAPSHOTS = 4  # scored snapshots before the learned weight replaces the starting one
-WEIGHTS = np.array([0.0, 1.0])  # the weights the guard chooses among
-MATERIAL = 0.02  # share of no prediction's loss a weight must save to be used
-PROBES = (0.25, 0.5, 0.75)  # quantiles of the waiting prompts whose placement is scored
+MIN_SNAPSHOTS = 8  # scored snapshots before a verdict
 
 
 @njit(cache=True, nogil=True)
@@ -64,92 +64,62 @@ def departures_into(k0, refill, live, taken, hs, workers, prompts, admitted, k):
                     taken[j, g, h] += w0 + hs[h]
 
 
-def centred_scores(
-    loads: np.ndarray, probes: np.ndarray, weights: np.ndarray, beta: float
-) -> np.ndarray:
-    """``(len(probes), G)``: BR-H's score of placing each probe prompt on each worker against
-    projected ``loads`` ``(G, H+1)`` (``F^H`` with margins to the maximum), minus the mean over
-    workers."""
-    margins = loads.max(axis=0, keepdims=True) - loads
-    over = np.maximum(probes[:, None, None] - margins[None, :, :], 0.0)
-    score = weights.sum() * probes[:, None] - beta * (over * weights).sum(axis=2)
-    return score - score.mean(axis=1, keepdims=True)
-
-
-def weight_losses(
-    none: np.ndarray,
-    predicted: np.ndarray,
-    taken: np.ndarray,
-    probes: np.ndarray,
-    weights: np.ndarray,
-    beta: float,
-) -> np.ndarray:
-    """Loss of each weight of ``WEIGHTS`` on one snapshot: squared error of the centred scores
-    of ``P0 - w D`` against those of the realised ``P0 - N``, each probe scaled by its size."""
-    truth = centred_scores(none - taken, probes, weights, beta)
-    scale = (probes * weights.sum()) ** 2
-    out = np.empty(WEIGHTS.shape[0])
-    for j, w in enumerate(WEIGHTS.tolist()):
-        err = centred_scores(none - w * predicted, probes, weights, beta) - truth
-        out[j] = float(((err * err).sum(axis=1) / scale).sum())
-    return out
+def decision_loss(
+    loads: np.ndarray, workers: np.ndarray, prompts: np.ndarray, weights: np.ndarray
+) -> float:
+    """Discounted imbalance ``sum_h gamma^h (G max_g L - sum_g L)`` of ``loads`` ``(G, H+1)``
+    after admitting ``prompts`` to ``workers`` (each ``b + h`` at offset ``h``)."""
+    g_count, h1 = loads.shape
+    after = loads.copy()
+    np.add.at(after, workers, prompts[:, None] + np.arange(h1)[None, :])
+    imbalance = g_count * after.max(axis=0) - after.sum(axis=0)
+    return float(imbalance @ weights)
 
 
 class ProjectionGuard:
-    """Learns the weight ``w`` that shrinks an estimator's projection toward no prediction."""
+    """Chooses, online, whether BR-H uses an estimator's projection or steps aside."""
 
     def __init__(
-        self,
-        workers: int,
-        horizon: int,
-        *,
-        stride: int,
-        memory: float,
-        start: float,
-        beta: float,
+        self, workers: int, horizon: int, max_admissions: int, *, stride: int, memory: float
     ) -> None:
-        self.workers = workers
-        self.beta = beta
         self.horizon = horizon
         self.stride = stride
         self.forget = 1.0 - 1.0 / memory
-        self.start = start
         cap = -(-(horizon + 1) // stride) + 1
+        h1 = horizon + 1
         self.k0 = np.zeros(cap, dtype=np.int64)
         self.refill = np.zeros(cap)
         self.live = np.zeros(cap, dtype=np.bool_)
-        self.taken = np.zeros((cap, workers, horizon + 1))
-        self.predicted = np.zeros((cap, workers, horizon + 1))
-        self.none = np.zeros((cap, workers, horizon + 1))
-        self.probes = np.zeros((cap, len(PROBES)))
-        self.weights = np.zeros((cap, horizon + 1))
-        self.hs = np.arange(horizon + 1, dtype=np.float64)
-        self.losses = np.zeros(WEIGHTS.shape[0])  # per weight, with forgetting
-        self.raw_losses = np.zeros(WEIGHTS.shape[0])  # the same without, for the run summary
+        self.taken = np.zeros((cap, workers, h1))
+        self.none = np.zeros((cap, workers, h1))
+        self.weights = np.zeros((cap, h1))
+        # admissions of each snapshot's two decisions: [j, 0] without, [j, 1] with the estimator
+        self.dec_workers = np.zeros((cap, 2, max_admissions), dtype=np.int64)
+        self.dec_prompts = np.zeros((cap, 2, max_admissions))
+        self.dec_count = np.zeros((cap, 2), dtype=np.int64)
+        self.hs = np.arange(h1, dtype=np.float64)
+        self.moments = np.zeros(3)  # forgetting sums of 1, d, d^2 over scored snapshots
         self.scored = 0
         self.next_k: int | None = None
-        self.weight = start
+        self.weight = 0.0
         self.weight_sum = 0.0
         self.weight_calls = 0
 
     def due(self, k: int) -> bool:
-        """Whether the projection at iteration ``k`` should be kept as a snapshot."""
+        """Whether the step at iteration ``k`` should be kept as a snapshot."""
         return self.next_k is None or k >= self.next_k
 
     def record(
         self,
         k: int,
         none: np.ndarray,
-        predicted: np.ndarray,
-        waiting: np.ndarray,
         refill: float | None,
         weights: np.ndarray,
+        without: tuple[np.ndarray, np.ndarray],
+        with_estimator: tuple[np.ndarray, np.ndarray],
     ) -> None:
-        """Keep ``P0`` and ``D`` (``G x (H+1)``: the load the estimator's departures take away)
-        at ``k``, with the waiting prompts' quartiles as probes."""
+        """Keep the step at ``k``: ``P0`` and the two decisions, each ``(workers, prompts)``."""
         self._expire(k)
-        if waiting.size == 0:
-            return
         free = np.flatnonzero(~self.live)
         if free.size == 0:  # cannot happen with the capacity above; never grow
             return
@@ -158,10 +128,13 @@ class ProjectionGuard:
         self.refill[j] = -1.0 if refill is None else float(refill)
         self.live[j] = True
         self.taken[j] = 0.0
-        self.predicted[j] = predicted
         self.none[j] = none
-        self.probes[j] = np.quantile(waiting, PROBES)
         self.weights[j] = weights[: self.horizon + 1]
+        for side, (ws, bs) in enumerate((without, with_estimator)):
+            n = min(ws.shape[0], self.dec_workers.shape[2])
+            self.dec_workers[j, side, :n] = ws[:n]
+            self.dec_prompts[j, side, :n] = bs[:n]
+            self.dec_count[j, side] = n
         self.next_k = k + self.stride
 
     def departed(
@@ -186,41 +159,43 @@ class ProjectionGuard:
         """Score the snapshots whose horizon has fully passed and update the weight."""
         done = np.flatnonzero(self.live & (self.k0 + self.horizon < k))
         for j in done[np.argsort(self.k0[done], kind="stable")].tolist():
-            loss = weight_losses(
-                self.none[j],
-                self.predicted[j],
-                self.taken[j],
-                self.probes[j],
-                self.weights[j],
-                self.beta,
+            happened = self.none[j] - self.taken[j]
+            without, with_estimator = (
+                decision_loss(
+                    happened,
+                    self.dec_workers[j, side, : self.dec_count[j, side]],
+                    self.dec_prompts[j, side, : self.dec_count[j, side]],
+                    self.weights[j],
+                )
+                for side in (0, 1)
             )
-            self.losses = self.forget * self.losses + loss
-            self.raw_losses += loss
-            self.scored += 1
             self.live[j] = False
+            if without <= 0.0:
+                continue
+            d = (with_estimator - without) / without
+            self.moments = self.forget * self.moments + np.array([1.0, d, d * d])
+            self.scored += 1
         if done.size and self.scored >= MIN_SNAPSHOTS:
-            best = int(np.argmin(self.losses))
-            material = self.losses[best] < (1.0 - MATERIAL) * self.losses[0]
-            self.weight = float(WEIGHTS[best]) if material else 0.0
+            n, s, s2 = self.moments
+            m = s / n
+            var = max(s2 / n - m * m, 0.0) * n / (n - 1) if n > 1 else math.inf
+            self.weight = 1.0 if m + math.sqrt(var / n) < 0.0 else 0.0
 
-    def shrink(self, none: np.ndarray, projected: np.ndarray) -> np.ndarray:
-        """The projection the router scores against: ``P0 - w (P0 - P)``."""
+    def use(self, none: np.ndarray, projected: np.ndarray) -> np.ndarray:
+        """The projection the router scores against: the estimator's, or ``P0``."""
         self.weight_sum += self.weight
         self.weight_calls += 1
-        if self.weight == 1.0:
-            return projected
-        return none - self.weight * (none - projected)
+        return projected if self.weight == 1.0 else none
 
     def stats(self) -> dict[str, Any]:
         """The guard's state for the run summary and the service's metrics."""
-        mean = self.weight_sum / self.weight_calls if self.weight_calls else self.weight
-        base = float(self.raw_losses[0])
+        n, s, _ = self.moments
         return {
-            "guard_weight": round(self.weight, 4),
-            "guard_weight_mean": round(mean, 4),
-            "guard_snapshots": self.scored,
-            # the decisions' score error with the estimator's projection, relative to none's
-            "guard_loss_estimator": round(float(self.raw_losses[-1]) / base, 4)
-            if base > 0
+            "guard_weight": self.weight,
+            "guard_share_with_estimator": round(self.weight_sum / self.weight_calls, 4)
+            if self.weight_calls
             else None,
+            "guard_snapshots": self.scored,
+            # mean relative change of the decisions' discounted imbalance with the estimator
+            "guard_decision_change": round(s / n, 5) if n > 0 else None,
         }

@@ -114,9 +114,15 @@ def gap_closed(summary: dict, arm: str, metric: str = "steady_mean_imbalance") -
     """Share of the oracle's gain over ``brh:none`` that ``arm`` recovers, from the median
     paired ratios: ``(1 - arm/none) / (1 - oracle/none)``; None where the oracle does not help."""
     oracle = median_ratio(summary, "brh:oracle", "brh:none", metric)
-    if oracle is None or oracle > HELPS:
+    mine = median_ratio(summary, arm, "brh:none", metric)
+    if oracle is None or mine is None or oracle > HELPS:
         return None
-    return (1.0 - median_ratio(summary, arm, "brh:none", metric)) / (1.0 - oracle)
+    return (1.0 - mine) / (1.0 - oracle)
+
+
+def fmt(value: float | None) -> str:
+    """A ratio to three decimals, or n/a (no steady state to compare)."""
+    return "n/a" if value is None else f"{value:.3f}"
 
 
 def value_table(summaries: dict[str, dict]) -> str:
@@ -130,15 +136,12 @@ def value_table(summaries: dict[str, dict]) -> str:
         arms = s["config"]["arms"]
         if "brh:none" not in arms or "brh:oracle" not in arms:
             continue
-        cells = [f"{median_ratio(s, 'brh:oracle', 'brh:none', 'steady_mean_imbalance'):.3f}"]
+        cells = [fmt(median_ratio(s, "brh:oracle", "brh:none", "steady_mean_imbalance"))]
         for e in LEARNED:
             arm = f"brh:{e}"
-            if arm not in arms:
-                cells.append("n/a")
-                continue
-            r = median_ratio(s, arm, "brh:none", "steady_mean_imbalance")
-            g = gap_closed(s, arm)
-            cells.append(f"{r:.3f}" + ("" if g is None else f" ({g:.2f})"))
+            r = median_ratio(s, arm, "brh:none", "steady_mean_imbalance") if arm in arms else None
+            g = gap_closed(s, arm) if r is not None else None
+            cells.append(fmt(r) + ("" if g is None else f" ({g:.2f})"))
         rows.append(f"| {label(s, name)} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 

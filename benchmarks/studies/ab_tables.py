@@ -212,6 +212,13 @@ def checks(summaries: dict[str, dict], ref: str) -> dict[str, Any]:
     return out
 
 
+def repeats_of(summaries: dict[str, dict], workload: str) -> int:
+    """Repeats of a workload's runs (the fewest, if they differ)."""
+    return min(
+        len(s["config"]["windows"]) for n, s in summaries.items() if n.startswith(workload + "-")
+    )
+
+
 def sections(summaries: dict[str, dict], ref: str) -> dict[str, str]:
     """The routing sections of the results document, by marker name."""
     workloads = sorted({name.rsplit("-b", 1)[0] for name in summaries})
@@ -219,18 +226,20 @@ def sections(summaries: dict[str, dict], ref: str) -> dict[str, str]:
     for wl in workloads:
         body = headline(summaries, wl, ref)
         if body:
-            heads.append(f"**{wl}** (G = 8, median ratio to `{ref}` over 5 repeats)\n\n{body}")
+            reps = repeats_of(summaries, wl)
+            heads.append(f"**{wl}** (G = 8, median ratio to `{ref}` over {reps} repeats)\n\n{body}")
     scaling = [
         f"**{label(s, name).split(':')[0]}** (B = {s['config']['slots']}, ratio to `{ref}`)\n\n"
         + scaling_table(s, ref)
         for name, s in summaries.items()
         if len(s["config"]["workers"]) > 1
     ]
-    return {
+    parts = {
         "headline": "\n\n".join(heads),
         "value": value_table(summaries),
         "scaling": "\n\n".join(scaling),
     }
+    return {name: body for name, body in parts.items() if body}  # a study without a part keeps it
 
 
 def write_sections(path: Path, parts: dict[str, str]) -> None:
@@ -279,7 +288,8 @@ def main() -> None:
         return
     if args.headline is not None:
         for wl in args.headline:
-            print(f"**{wl}** (G = 8, median ratio to `{args.reference}` over 5 repeats)\n")
+            reps = repeats_of(summaries, wl)
+            print(f"**{wl}** (G = 8, median ratio to `{args.reference}` over {reps} repeats)\n")
             print(headline(summaries, wl, args.reference) + "\n")
         return
     for name, s in summaries.items():

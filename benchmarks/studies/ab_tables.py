@@ -125,22 +125,31 @@ def fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
-def value_table(summaries: dict[str, dict]) -> str:
+def value_table(summaries: dict[str, dict], suffix: str = "") -> str:
     """The same router without prediction, with each estimator and with the oracle: steady
-    imbalance ratio to ``brh:none`` and the share of the oracle's gain each recovers."""
+    imbalance ratio to ``brh:none`` and the share of the oracle's gain each recovers (the
+    estimator arms are ``brh:<kind><suffix>``, e.g. ``{guard=false}``; runs without an oracle
+    arm show n/a for it)."""
     rows = [
         "| run | oracle / none | " + " | ".join(f"{e} / none (gap closed)" for e in LEARNED) + " |",
         "|---" * (len(LEARNED) + 2) + "|",
     ]
     for name, s in summaries.items():
         arms = s["config"]["arms"]
-        if "brh:none" not in arms or "brh:oracle" not in arms:
+        if "brh:none" not in arms:
             continue
-        cells = [fmt(median_ratio(s, "brh:oracle", "brh:none", "steady_mean_imbalance"))]
+        oracle = "brh:oracle" in arms
+        cells = [
+            fmt(
+                median_ratio(s, "brh:oracle", "brh:none", "steady_mean_imbalance")
+                if oracle
+                else None
+            )
+        ]
         for e in LEARNED:
-            arm = f"brh:{e}"
+            arm = f"brh:{e}{suffix}"
             r = median_ratio(s, arm, "brh:none", "steady_mean_imbalance") if arm in arms else None
-            g = gap_closed(s, arm) if r is not None else None
+            g = gap_closed(s, arm) if r is not None and oracle else None
             cells.append(fmt(r) + ("" if g is None else f" ({g:.2f})"))
         rows.append(f"| {label(s, name)} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
@@ -260,6 +269,7 @@ def main() -> None:
     ap.add_argument("--reference", default="count-jsq")
     ap.add_argument("--json", action="store_true", help="also print the target checks")
     ap.add_argument("--value", action="store_true", help="print the value-of-prediction table")
+    ap.add_argument("--suffix", default="", help="--value: estimator arms are brh:<kind><suffix>")
     ap.add_argument("--scaling", action="store_true", help="print ratios at every G")
     ap.add_argument(
         "--headline",
@@ -284,7 +294,7 @@ def main() -> None:
                 print(scaling_table(s, args.reference) + "\n")
         return
     if args.value:
-        print(value_table(summaries) + "\n")
+        print(value_table(summaries, args.suffix) + "\n")
         return
     if args.headline is not None:
         for wl in args.headline:

@@ -182,10 +182,11 @@ class ProjectionGuard:
             self.weight = 1.0 if m + math.sqrt(var / n) < 0.0 else 0.0
 
     def use(self, none: np.ndarray, projected: np.ndarray) -> np.ndarray:
-        """The projection the router scores against: the estimator's, or ``P0``."""
+        """The projection the router scores against (a copy the step may update): the
+        estimator's, or ``P0``."""
         self.weight_sum += self.weight
         self.weight_calls += 1
-        return projected if self.weight == 1.0 else none
+        return (projected if self.weight == 1.0 else none).copy()
 
     def stats(self) -> dict[str, Any]:
         """The guard's state for the run summary and the service's metrics."""

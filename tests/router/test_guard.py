@@ -149,3 +149,23 @@ def test_stepping_aside_routes_exactly_like_no_prediction(monkeypatch):
     assert guarded.extras["guard_share_with_estimator"] == 0.0
     np.testing.assert_array_equal(guarded.worker, none.worker)
     np.testing.assert_array_equal(guarded.admit_iter, none.admit_iter)
+
+
+def test_snapshots_keep_the_projections_as_they_were_before_the_step(monkeypatch):
+    """The step updates the loads it scores against in place; the guard's P0 must not see it."""
+    recorded = []
+    original = ProjectionGuard.record
+
+    def spy(self, k, none, *args, **kwargs):
+        recorded.append((k, none.copy()))
+        return original(self, k, none, *args, **kwargs)
+
+    monkeypatch.setattr(ProjectionGuard, "record", spy)
+    pol, res = _replay(SurvivalEstimator(horizon=16).fit(_history()))
+    assert recorded
+    for k, none in recorded[:30]:
+        admitted = res.admit_iter == k
+        before = res.loads[k] - np.bincount(
+            res.worker[admitted], weights=res.prompt_tokens[admitted], minlength=3
+        )
+        np.testing.assert_allclose(none[:, 0], before, err_msg=f"iteration {k}")

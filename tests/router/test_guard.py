@@ -104,7 +104,9 @@ def test_no_verdict_before_enough_snapshots_and_bounded_state():
     _feed(guard, True, MIN_SNAPSHOTS - 1)
     assert guard.weight == 0.0  # steps aside until measurably better
     _feed(guard, True, 200)
-    assert sum(a.nbytes for a in (guard.taken, guard.none, guard.dec_workers, guard.moments)) == size
+    assert (
+        sum(a.nbytes for a in (guard.taken, guard.none, guard.dec_workers, guard.moments)) == size
+    )
     assert guard.live.sum() <= guard.live.shape[0]
 
 
@@ -161,7 +163,7 @@ def test_snapshots_keep_the_projections_as_they_were_before_the_step(monkeypatch
         return original(self, k, none, *args, **kwargs)
 
     monkeypatch.setattr(ProjectionGuard, "record", spy)
-    pol, res = _replay(SurvivalEstimator(horizon=16).fit(_history()))
+    _, res = _replay(SurvivalEstimator(horizon=16).fit(_history()))
     assert recorded
     for k, none in recorded[:30]:
         admitted = res.admit_iter == k

@@ -20,8 +20,9 @@ from starlette.requests import ClientDisconnect
 from balanceroute.serving.body import request_components
 from balanceroute.serving.deps import require_token
 from balanceroute.serving.guard import RequestGuard
+from balanceroute.serving.guards import RouteGuards
 from balanceroute.serving.metrics import MetricsMiddleware, ServiceMetrics
-from balanceroute.serving.models import ModelStore, pin_lightgbm_threads
+from balanceroute.serving.models import LoadedModel, ModelStore, pin_lightgbm_threads
 from balanceroute.serving.route_schemas import RouteRequest
 from balanceroute.serving.routes import ROUTERS
 from balanceroute.serving.schemas import REQUEST_MODELS
@@ -82,12 +83,18 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
 def create_app(settings: ServeSettings, *, store: ModelStore | None = None) -> FastAPI:
     """A service for ``settings``; models load in the background after startup (see /readyz)."""
     metrics = ServiceMetrics()
+    guards = RouteGuards()
+
+    def swapped(arm: str, old: LoadedModel | None, new: LoadedModel) -> None:
+        metrics.swapped(arm, old, new)
+        guards.drop(arm)  # the verdict was about the old model
+
     if store is None:
         store = ModelStore(
             settings.uris(),
             replay_buffer=settings.replay_buffer,
             inline_rows=settings.observe_inline_rows,
-            on_swap=metrics.swapped,
+            on_swap=swapped,
             on_outcome=metrics.reloaded,
             after_load=lambda: pin_lightgbm_threads(settings.lightgbm_threads),
         )
@@ -127,6 +134,7 @@ def create_app(settings: ServeSettings, *, store: ModelStore | None = None) -> F
     app.state.settings = settings
     app.state.store = store
     app.state.metrics = metrics
+    app.state.guards = guards
     app.add_middleware(RequestGuard, settings=settings)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     app.add_exception_handler(RequestValidationError, validation_error)

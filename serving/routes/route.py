@@ -25,10 +25,13 @@ from fastapi import APIRouter, HTTPException, Request
 
 from balanceroute.predict.base import CompletionEstimator
 from balanceroute.router.balance_config import BRH_DEFAULTS
+from balanceroute.router.balance_route import BalanceRoutePolicy
+from balanceroute.router.guard import ProjectionGuard
 from balanceroute.router.registry import policy_class
 from balanceroute.serving.body import openapi_body
 from balanceroute.serving.decode import check_count, parse_json, validate
 from balanceroute.serving.deps import Authorized, Services, field_error, services
+from balanceroute.serving.guards import RouteGuards
 from balanceroute.serving.models import LoadedModel, ModelStore, NotReady, UnknownModel
 from balanceroute.serving.route_schemas import RouteRequest, validate_route
 from balanceroute.serving.schemas import RouteResponse
@@ -126,11 +129,15 @@ def _decide(
     model: LoadedModel | None,
     estimator: CompletionEstimator | None,
     horizon: int,
+    guards: RouteGuards,
 ) -> tuple[list[dict[str, Any]], dict[str, Any], LoadedModel | None, str | None]:
     """The decision with the model; if the model fails on this snapshot, the one without it."""
 
+    def guard(policy: BalanceRoutePolicy) -> ProjectionGuard:
+        return guards.for_call(model.arm, req.policy, policy.config, req)
+
     try:
-        return *decide(req, estimator), model, None
+        return *decide(req, estimator, guard if model is not None else None), model, None
     except (InvalidOptions, DecisionError):
         raise
     except Exception as exc:
@@ -197,12 +204,15 @@ def _route(data: Any, svc: Services) -> tuple[RouteResponse, str | None]:
     model, estimator, fallback = _model_for(req, svc.store, horizon)
     arm = model.arm if model is not None else None
     try:
-        admissions, described, model, failed = _decide(req, model, estimator, horizon)
+        admissions, described, model, failed = _decide(req, model, estimator, horizon, svc.guards)
     except InvalidOptions as exc:
         raise field_error(("body", "options"), "invalid_options", str(exc)) from None
     except DecisionError as exc:
         raise HTTPException(status_code=500, detail=f"policy '{req.policy}': {exc}") from None
     fallback = fallback or failed
+    used = svc.guards.peek(model.arm, req.policy) if model is not None else None
+    if used is not None:
+        svc.metrics.guarded(model.arm, req.policy, used.stats())
     if fallback is not None:
         svc.metrics.fallbacks.labels("/v1/route", "model_unavailable").inc()
     response = RouteResponse(

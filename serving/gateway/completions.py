@@ -3,7 +3,7 @@
 ``DIR/completions/part-<first arrival ms>-<n>.parquet``, one row a finished request with
 ``request_id``, ``arrival_s``, ``prompt_tokens``, ``output_tokens``, ``prompt_key`` (the
 canonical columns, what ``balanceroute train --trace DIR/completions`` reads as it is) plus
-``rank``, ``arm`` and ``finish_s``. Rows are buffered and a part is written whole, atomically,
+``rank``, ``arm``, ``queue_s`` (the wait in the gateway's pool) and ``finish_s``. Rows are buffered and a part is written whole, atomically,
 once the buffer holds about ``rotate_bytes`` or its oldest row is ``rotate_s`` old, and at
 shutdown. ``arrival_s`` counts seconds from the log's origin, kept in ``DIR/completions/log.json``
 so the parts of several gateway runs into one folder share one clock (the loaders bound arrival
@@ -26,7 +26,7 @@ from balanceroute.features.files import write_bytes, write_json
 
 ROW_BYTES = 48  # the fixed columns of one row; keys and ids add their lengths
 COLUMNS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", "prompt_key", "rank",
-           "arm", "finish_s")  # fmt: skip
+           "arm", "queue_s", "finish_s")  # fmt: skip
 
 
 class CompletionLog:
@@ -65,13 +65,14 @@ class CompletionLog:
         prompt_key: str,
         rank: int,
         arm: str,
+        queue_s: float,
         finish_epoch_s: float,
     ) -> None:
-        """One finished request."""
+        """One finished request (``queue_s``: its wait in the gateway's pool)."""
         if self.folder is None:
             return
         values = (request_id, arrival_epoch_s - self.origin, prompt_tokens, output_tokens,
-                  prompt_key, rank, arm, finish_epoch_s - self.origin)  # fmt: skip
+                  prompt_key, rank, arm, queue_s, finish_epoch_s - self.origin)  # fmt: skip
         for name, value in zip(COLUMNS, values, strict=True):
             self.rows[name].append(value)
         self.bytes += ROW_BYTES + len(request_id) + len(prompt_key) + len(arm)

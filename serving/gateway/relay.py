@@ -57,6 +57,7 @@ class LiveRequest:
     position: int
     admitted: asyncio.Future[int]  # resolved with the rank by the decision loop
     finished: bool = False
+    queue_s: float = 0.0  # arrival to the last forward
 
 
 @dataclass
@@ -155,7 +156,7 @@ class Relay(Response):
         for attempt in range(gw.settings.max_attempts):
             rank = await req.admitted
             now = gw.clock()
-            wait = now - req.arrival
+            wait = req.queue_s = now - req.arrival
             gw.metrics.wait.labels(gw.arm_label).observe(wait)
             gw.switchback.admitted(wait, now)
             outcome = await self.forward(rank, body, send)
@@ -308,7 +309,8 @@ class Relay(Response):
             gw.metrics.tpot.labels(arm).observe(tpot)
             gw.switchback.finished(tpot, now)
         gw.metrics.outcomes.labels("completed").inc()
-        gw.log.add(req.request_id, req.arrival_epoch, prompt, tokens, req.prompt_key, rank, arm, time.time())
+        gw.log.add(req.request_id, req.arrival_epoch, prompt, tokens, req.prompt_key, rank, arm,
+                   req.queue_s, time.time())  # fmt: skip
         req.finished = True
         gw.dispatcher.forget(req.position)
         gw.group.leave(req.position, tokens, learn=True)

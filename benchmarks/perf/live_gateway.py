@@ -10,13 +10,14 @@ the replay slice, and then the next ``--requests`` requests are replayed live by
 is compared with the simulator replaying the same requests, released at the same (scaled) arrival
 times, on the same group and cost model.
 
-Live steady state: the emulator's iteration log, iterations where every slot of the group holds a
-request or a request waits at a rank (the gateway keeps ranks' queues empty, so with a gateway in
-front this is "every slot busy": a maximal router leaves no slot free while its pool holds
-requests); the simulator's iterations with the same definition (every slot busy, or its pool
-non-empty after admission). Imbalance ``I(k) = G max_g L_g - sum_g L_g`` over them. Throughput
-is output tokens per second of model time; TPOT p95 in model milliseconds; queueing p99 is the
-wait in the gateway's pool plus the wait at the rank (arrival to admission), in model seconds.
+Live steady state ("requests waiting somewhere"): an emulator iteration is steady when, as it
+starts, a request waits in the gateway's pool (the gateway's last tick sample before it,
+``OUT/ticks.parquet``, both clocks are this machine's wall clock) or in a rank's own queue (the
+round-robin baseline queues there); the simulator's steady iterations are those whose pool is
+non-empty after admission (its own definition). Imbalance ``I(k) = G max_g L_g - sum_g L_g``
+over them, from the emulator's logged loads. Throughput is output tokens per second of model
+time; TPOT p95 in model milliseconds; queueing p99 is the wait in the gateway's pool plus the
+wait at the rank (arrival to admission), in model seconds.
 
 Also: the added TTFT at low load (the same requests straight to the ranks and through the
 gateway), and a switchback on each trace (``brh:none`` against the best learned estimator, at
@@ -109,7 +110,9 @@ def stop(proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
 
 def live_key(key: object, n: int) -> str:
     """The key the gateway derives from the prompt bench builds for a trace row."""
-    return prompt_key_of(build_prompt(min(n, PROMPT_KEY_TOKENS), None if pd.isna(key) else str(key)))
+    return prompt_key_of(
+        build_prompt(min(n, PROMPT_KEY_TOKENS), None if pd.isna(key) else str(key))
+    )
 
 
 def with_live_keys(frame: pd.DataFrame) -> pd.DataFrame:
@@ -153,13 +156,7 @@ def sim_arm(rel: ReleasedRequests, spec: str, model_file: str | None) -> dict[st
     if rs.estimator is not None:
         est = load_file(model_file) if model_file else build_estimator(rs.estimator)
     result = simulate(rel, rs.build_policy(est), SimConfig(G, B, cost_preset(COST)))
-    k = result.iterations
-    running = np.zeros(k + 1, dtype=np.int64)
-    np.add.at(running, result.admit_iter, 1)
-    np.add.at(running, np.minimum(result.admit_iter + result.output_tokens, k), -1)
-    running = np.cumsum(running)[:k]
-    busy = (running >= G * B) | (result.waiting > 0)
-    imb, n_steady = steady_imbalance(result.loads, busy)
+    imb, n_steady = steady_imbalance(result.loads, result.waiting > 0)
     span = float(result.t_start[-1] - result.t_start[0])
     tpot = (result.finish_s - result.admit_s) / result.output_tokens
     queue = result.admit_s - result.release_s
@@ -169,7 +166,9 @@ def sim_arm(rel: ReleasedRequests, spec: str, model_file: str | None) -> dict[st
         "throughput_tok_s": float(result.output_tokens.sum()) / span,
         "tpot_p95_ms": float(np.percentile(tpot, 95) * 1e3),
         "queue_p99_s": float(np.percentile(queue, 99)),
-        "router_step_p50_us": float(np.median(result.router_ns)) / 1e3 if result.router_ns.size else None,
+        "router_step_p50_us": float(np.median(result.router_ns)) / 1e3
+        if result.router_ns.size
+        else None,
     }
 
 
@@ -192,7 +191,9 @@ def start_gateway(urls: list[str], extra: list[str], out_dir: Path) -> tuple[sub
         args += ["--rank", u]
     env = {**os.environ, "BALANCEROUTE_LOG_LEVEL": "warning"}
     proc = subprocess.Popen(
-        args + extra, stdout=(out_dir.parent / "gateway.out").open("wb"), stderr=subprocess.STDOUT,
+        args + extra,
+        stdout=(out_dir.parent / "gateway.out").open("wb"),
+        stderr=subprocess.STDOUT,
         env=env,
     )
     url = f"http://127.0.0.1:{port}"
@@ -234,12 +235,18 @@ def live_arm(name: str, router: str | None, trace: Path, n: int, ts: float, out:
 def live_figures(out: Path, summary: dict, ts: float, step: float | None, n: int) -> dict:
     iterations, requests = read_log(out / "emulator")
     loads = rank_matrix(iterations, "loads").astype(np.float64)
-    running = rank_matrix(iterations, "running").sum(axis=1)
-    waiting = rank_matrix(iterations, "waiting").sum(axis=1)
-    busy = (running >= G * B) | (waiting > 0)
-    imb, n_steady = steady_imbalance(loads, busy)
+    waiting = rank_matrix(iterations, "waiting").sum(axis=1) > 0
+    ticks_file = out / "gateway" / "ticks.parquet"
+    if ticks_file.exists():
+        epoch = json.loads((out / "emulator" / "config.json").read_text())["epoch"]
+        ticks = pd.read_parquet(ticks_file)
+        at = np.searchsorted(ticks["time_s"].to_numpy(), epoch + iterations["start_s"].to_numpy())
+        pool = np.where(at > 0, ticks["pool"].to_numpy()[np.maximum(at - 1, 0)], 0)
+        waiting |= pool > 0
+    imb, n_steady = steady_imbalance(loads, waiting)
     model_span = float(
-        iterations["model_start_s"].iloc[-1] + iterations["duration_s"].iloc[-1]
+        iterations["model_start_s"].iloc[-1]
+        + iterations["duration_s"].iloc[-1]
         - iterations["model_start_s"].iloc[0]
     )
     done = requests[requests["finish_reason"] != "abort"]
@@ -394,7 +401,13 @@ def main() -> None:
     p.add_argument("--azure-window", type=float, default=11.0, help="switchback window, wall s")
     p.add_argument("--mooncake-window", type=float, default=9.0)
     p.add_argument("--switch-requests", type=int, help="requests of the switchback (default all)")
-    p.add_argument("--ttft-requests", type=int, default=300)
+    p.add_argument("--ttft-requests", type=int, default=500)
+    p.add_argument(
+        "--ttft-time-scale",
+        type=float,
+        default=50.0,
+        help="low-load TTFT run: short iterations, so the wait for the next one is small noise",
+    )
     args = p.parse_args()
     args.time_scale = {"azure": args.azure_time_scale, "mooncake": args.mooncake_time_scale}
     args.switch_window = {"azure": args.azure_window, "mooncake": args.mooncake_window}
@@ -407,7 +420,7 @@ def main() -> None:
         result["traces"][name] = one_trace(name, args, out / name)
     first = names[0]
     result["added_ttft"] = added_ttft(
-        out / first / "replay.parquet", args.time_scale[first], out / "ttft", args.ttft_requests
+        out / first / "replay.parquet", args.ttft_time_scale, out / "ttft", args.ttft_requests
     )
     result["wall_s"] = time.time() - t0
     result["loadavg_before"] = load_before

@@ -126,9 +126,7 @@ def arm_specs(settings: GatewaySettings) -> list[RouterSpec]:
         specs = [spec]
     for spec in specs:
         if spec.router in OFFLINE_ONLY:
-            raise UserError(
-                f"router '{spec.router}' cannot run live: {OFFLINE_ONLY[spec.router]}"
-            )
+            raise UserError(f"router '{spec.router}' cannot run live: {OFFLINE_ONLY[spec.router]}")
     return specs
 
 
@@ -150,9 +148,7 @@ def make_estimator(
     return build_estimator(spec, history=history, horizon=horizon)
 
 
-def build_arm(
-    spec: RouterSpec, settings: GatewaySettings, history: pd.DataFrame | None
-) -> Arm:
+def build_arm(spec: RouterSpec, settings: GatewaySettings, history: pd.DataFrame | None) -> Arm:
     """One arm: its estimator (remote with a local fallback when a service URL is set) and a
     fresh policy holding a handle on it."""
     if spec.estimator is None:  # a router that does not look ahead

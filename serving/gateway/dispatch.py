@@ -32,6 +32,7 @@ from balanceroute.serving.gateway.switchback import Switchback
 
 log = logging.getLogger("balanceroute.gateway")
 STEP_SAMPLES = 100_000
+TICK_SAMPLES = 2_000_000
 
 
 class Dispatcher:
@@ -60,6 +61,8 @@ class Dispatcher:
         self.violations = 0
         self._scheduled = False
         self._fallbacks: dict[str, int] = dict.fromkeys(self.arms, 0)
+        # (epoch s, pool size, imbalance, arm) every tick, written to OUT/ticks.parquet
+        self.ticks: deque[tuple[float, int, float, str]] = deque(maxlen=TICK_SAMPLES)
 
     # ---- requests -------------------------------------------------------------------------
     def waiter(self, position: int) -> asyncio.Future[int]:
@@ -189,6 +192,7 @@ class Dispatcher:
             m.load.labels(str(g)).set(float(loads[g]))
             m.running.labels(str(g)).set(int(group.inflight[g]))
         self.switchback.sample(imbalance, now)
+        self.ticks.append((time.time(), group.pool.size, imbalance, label))
         self._count_fallbacks()
         return imbalance
 

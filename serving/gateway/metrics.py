@@ -24,7 +24,9 @@ class GatewayMetrics:
 
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
-        self.running = Gauge(P + "rank_running_requests", "requests in flight", ["rank"], registry=r)
+        self.running = Gauge(
+            P + "rank_running_requests", "requests in flight", ["rank"], registry=r
+        )
         self.load = Gauge(P + "rank_kv_load_tokens", "KV tokens tracked", ["rank"], registry=r)
         self.healthy = Gauge(P + "rank_healthy", "1 while in rotation", ["rank"], registry=r)
         self.imbalance = Histogram(
@@ -70,8 +72,6 @@ class GatewayMetrics:
         self.reroutes = Counter(
             P + "reroutes", "requests sent back to the pool by a failed rank", ["rank"], registry=r
         )
-        self.outcomes = Counter(
-            P + "requests", "requests by outcome", ["outcome"], registry=r
-        )
+        self.outcomes = Counter(P + "requests", "requests by outcome", ["outcome"], registry=r)
         self.reloads = Counter(P + "reloads", "model reloads by outcome", ["outcome"], registry=r)
         self.arm = Gauge(P + "active_arm", "1 for the arm routing now", ["arm"], registry=r)

@@ -31,7 +31,10 @@ from starlette.types import Receive, Scope, Send
 from balanceroute.serving.gateway.runtime import Gateway
 
 DONE = b"data: [DONE]\n\n"
-SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+]
 RETRY, FINISHED = "retry", "finished"
 
 
@@ -173,7 +176,9 @@ class Relay(Response):
             req.admitted = gw.dispatcher.waiter(new)
             gw.dispatcher.wake()
         self._fail_before_start()
-        await _send_error(send, 502, f"no rank could serve the request after {attempt + 1} attempts")
+        await _send_error(
+            send, 502, f"no rank could serve the request after {attempt + 1} attempts"
+        )
 
     def _fail_before_start(self) -> None:
         self._leave_if_needed()
@@ -229,7 +234,9 @@ class Relay(Response):
             if self.req.stream:
                 if self.started:
                     if out:
-                        await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
+                        await send(
+                            {"type": "http.response.body", "body": b"".join(out), "more_body": True}
+                        )
                 else:
                     st.held.extend(out)
                     if st.first_t is not None:
@@ -247,6 +254,19 @@ class Relay(Response):
         if payload == b"[DONE]":
             st.done = True
             return DONE
+        if (
+            self.req.stream
+            and st.model is not None
+            and b'"finish_reason":null' in payload
+            and b'"usage"' not in payload
+            and b'"error"' not in payload
+            and not (self.req.chat and b'"role"' in payload)
+        ):  # a plain token chunk (one choice, n = 1): counted without parsing it
+            st.chunks += 1
+            st.last_t = now
+            if st.first_t is None:
+                st.first_t = now
+            return event + b"\n\n"
         obj = orjson.loads(payload)
         if obj.get("error"):
             raise UpstreamBroke(f"error event: {str(obj['error'])[:200]}")
@@ -287,7 +307,10 @@ class Relay(Response):
         gw.switchback.tokens(new, now)
 
     async def _start_stream(self, send: Send, st: Stream) -> None:
-        headers = [*SSE_HEADERS, (b"x-request-id", self.req.request_id.encode("latin-1", "replace"))]
+        headers = [
+            *SSE_HEADERS,
+            (b"x-request-id", self.req.request_id.encode("latin-1", "replace")),
+        ]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         self.started = True
         body, st.held = b"".join(st.held), []
@@ -320,7 +343,9 @@ class Relay(Response):
                 await self._start_stream(send, st)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             return
-        await _send_whole(send, 200, orjson.dumps(self._assembled(st, prompt, tokens)), "application/json")
+        await _send_whole(
+            send, 200, orjson.dumps(self._assembled(st, prompt, tokens)), "application/json"
+        )
 
     def _assembled(self, st: Stream, prompt: int, tokens: int) -> dict[str, Any]:
         """The non-streaming answer from the streamed chunks."""
@@ -342,7 +367,11 @@ class Relay(Response):
             "created": st.created or int(time.time()),
             "model": st.model,
             "choices": choices,
-            "usage": {"prompt_tokens": prompt, "total_tokens": prompt + tokens, "completion_tokens": tokens},
+            "usage": {
+                "prompt_tokens": prompt,
+                "total_tokens": prompt + tokens,
+                "completion_tokens": tokens,
+            },
         }
 
 
@@ -354,7 +383,10 @@ async def _disconnected(receive: Receive) -> None:
 
 
 async def _send_whole(send: Send, status: int, body: bytes, content_type: str) -> None:
-    headers = [(b"content-type", content_type.encode("latin-1")), (b"content-length", str(len(body)).encode())]
+    headers = [
+        (b"content-type", content_type.encode("latin-1")),
+        (b"content-length", str(len(body)).encode()),
+    ]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
@@ -363,7 +395,14 @@ def error_body(status: int, message: str) -> bytes:
     """The OpenAI (and vLLM) error body."""
     kind = {429: "RateLimitError", 502: "BadGatewayError", 503: "ServiceUnavailableError"}
     return orjson.dumps(
-        {"error": {"message": message, "type": kind.get(status, "APIError"), "param": None, "code": status}}
+        {
+            "error": {
+                "message": message,
+                "type": kind.get(status, "APIError"),
+                "param": None,
+                "code": status,
+            }
+        }
     )
 
 

@@ -3,7 +3,9 @@
 The parts (each its own module): the live group and pool (:mod:`.state`), the decision loop
 (:mod:`.dispatch`), the arms and their estimators (:mod:`.arms`), the switchback
 (:mod:`.switchback`), rank health (:mod:`.health`), the completion log (:mod:`.completions`),
-metrics (:mod:`.metrics`) and prompt counting (:mod:`.tokens`). Requests themselves are run by
+metrics (:mod:`.metrics`) and prompt counting (:mod:`.tokens`). At shutdown ``OUT/ticks.parquet``
+keeps every tick's sample (epoch time, pool size, imbalance, arm): what the live benchmark aligns
+with the engine's iterations to tell when requests were waiting at the gateway. Requests themselves are run by
 :mod:`.relay`. Model reloads load off the event loop and swap between two decisions.
 """
 
@@ -18,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pandas as pd
+import pyarrow as pa
 
 from balanceroute.features.errors import UserError
 from balanceroute.predict.base import CompletionEstimator
@@ -35,6 +39,7 @@ from balanceroute.serving.models import health_problem
 
 log = logging.getLogger("balanceroute.gateway")
 UPSTREAM_KEY_ENV = "BALANCEROUTE_UPSTREAM_API_KEY"
+TICK_COLUMNS = ("time_s", "pool", "imbalance", "arm")  # time_s: epoch seconds
 
 
 @dataclass
@@ -109,9 +114,7 @@ class Gateway:
         """Open the upstream connections and start the tick, health checks and log writer."""
         s = self.settings
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, force_close=False)
-        timeout = aiohttp.ClientTimeout(
-            total=s.request_timeout_s, sock_connect=s.connect_timeout_s
-        )
+        timeout = aiohttp.ClientTimeout(total=s.request_timeout_s, sock_connect=s.connect_timeout_s)
         self._session = aiohttp.ClientSession(
             connector=connector, timeout=timeout, auto_decompress=False
         )
@@ -143,6 +146,13 @@ class Gateway:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._write_log()
+        if self.out is not None:
+            ticks = pd.DataFrame(list(self.dispatcher.ticks), columns=list(TICK_COLUMNS))
+            self._writes.append(
+                asyncio.get_running_loop().run_in_executor(
+                    None, write_part, self.out / "ticks.parquet", pa.Table.from_pandas(ticks)
+                )
+            )
         if self._writes:
             await asyncio.gather(*self._writes, return_exceptions=True)
         saved = await self.save_ab() if self.out is not None else None

@@ -31,8 +31,10 @@ from balanceroute.serving.gateway.tokens import PromptCounter, prompt_key
 # ---- the live group -----------------------------------------------------------------------------
 
 OPS = st.lists(
-    st.tuples(st.sampled_from(["arrive", "admit", "token", "finish", "abandon", "requeue",
-                               "tell"]), st.integers(0, 10_000)),  # fmt: skip
+    st.tuples(
+        st.sampled_from(["arrive", "admit", "token", "finish", "abandon", "requeue", "tell"]),
+        st.integers(0, 10_000),
+    ),
     max_size=200,
 )
 
@@ -135,9 +137,7 @@ class Spy(Policy):
         self.calls.append(("complete", positions.tolist(), output_tokens.tolist()))
         if self.estimator is not None:
             table = self.ctx.requests
-            self.estimator.observe(
-                CompletedBatch(table.prompt_tokens[positions], output_tokens)
-            )
+            self.estimator.observe(CompletedBatch(table.prompt_tokens[positions], output_tokens))
 
 
 def _dispatcher(group: LiveGroup, arms: list[Arm], window: float = 1e9) -> Dispatcher:
@@ -239,7 +239,7 @@ def test_switchback_resets_each_arm_once_per_activation_and_teaches_every_estima
         d.decide()
         resets = sum(c == ("reset",) for a in arms for c in a.policy.calls)
         arms_in_order = [w.arm for w in sb.windows if w.start < 6.0]
-        changes = 1 + sum(a != b for a, b in zip(arms_in_order, arms_in_order[1:], strict=False))
+        changes = 1 + sum(a != b for a, b in itertools.pairwise(arms_in_order))
         assert resets == d.activations == changes
         assert len(seen["x"]) == len(seen["y"]) == 60  # every completion taught both arms
 

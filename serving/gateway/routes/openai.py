@@ -57,6 +57,8 @@ def _queue(
     key, key_hash = prompt_key(prompt)
     group = gw.group
     if group.pool.size >= gw.settings.max_pool or group.positions_free == 0:
+        gw.dispatcher.decide()  # a burst may fill the pool before the loop's next decision
+    if group.pool.size >= gw.settings.max_pool or group.positions_free == 0:
         gw.metrics.outcomes.labels("rejected_pool_full").inc()
         message = f"the gateway's pool is full ({group.pool.size} requests waiting); retry later"
         return Response(error_body(429, message), 429, {"retry-after": "1"}, media_type=JSON)

@@ -379,3 +379,31 @@ def test_handle_swaps_models_and_mutes_learning() -> None:
     assert Counting.seen == 1 and h.learns_online and h.name == "none"
     h.model = NoPrediction(horizon=80).fit()
     assert not h.learns_online
+
+
+def test_a_prediction_service_that_is_down_falls_back_and_is_counted() -> None:
+    from balanceroute.predict.remote import RemoteEstimator
+
+    async def scenario() -> GatewayMetrics:
+        remote = RemoteEstimator("http://127.0.0.1:9", fallback=None, timeout_s=0.01)
+        spec = RouterSpec.parse("brh")
+        handle = Handle(remote)
+        arm = Arm("brh", spec, spec.build_policy(handle), handle)
+        group = LiveGroup.sized(2, 2, 8)
+        d = _dispatcher(group, [arm])
+        for i in range(3):
+            p = group.arrive(50, i + 1, 0.0)
+            d.waiter(p)
+        assert d.decide() == 3  # nothing runs yet: nothing to predict
+        group.advance(int(np.flatnonzero(group.running_mask())[0]), 1)
+        p = group.arrive(60, 9, 0.0)
+        d.waiter(p)
+        assert d.decide() == 1  # BR-H predicted for the running ones: the service is down
+        d.sample()
+        return d.metrics
+
+    metrics = asyncio.run(scenario())
+    fell = metrics.registry.get_sample_value(
+        "balanceroute_gateway_prediction_fallbacks_total", {"arm": "brh"}
+    )
+    assert fell is not None and fell >= 1

@@ -389,8 +389,63 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or b == 0 else a / b
 
 
+def _f(value: float | None, fmt: str = ".3f") -> str:
+    return "n/a" if value is None else format(value, fmt)
+
+
+def render(result: dict[str, Any]) -> str:
+    """The live-versus-simulated tables of ``docs/results.md`` from a saved JSON result."""
+    lines = []
+    for name, t in result["traces"].items():
+        lines += [
+            f"**{name}** ({t['requests']:,} requests after {t['train_requests']:,} for training, "
+            f"time scale {t['time_scale']:g}, best learned estimator `{t['best_estimator']}`):",
+            "",
+            "| router | imbalance ratio live / sim | throughput gain live / sim | TPOT p95 ratio "
+            "live | queueing p99 ratio live | router step p50 (us) |",
+            "|---|---|---|---|---|---|",
+        ]
+        for arm, row in t["table"].items():
+            lines.append(
+                f"| `{arm}` | {_f(row['live_imbalance_ratio'])} / "
+                f"{_f(row['sim_imbalance_ratio'])} | {_f(row['live_throughput_gain'])} / "
+                f"{_f(row['sim_throughput_gain'])} | {_f(row['live_tpot_p95_ratio'])} | "
+                f"{_f(row['live_queue_p99_ratio'])} | {_f(row['router_step_p50_us'], '.0f')} |"
+            )
+        direct = t["live"]["direct"]
+        lines += [
+            f"| round-robin, no gateway | steady imbalance {_f(direct['steady_imbalance'], ',.0f')}"
+            f" (count-jsq {_f(t['live']['count-jsq']['steady_imbalance'], ',.0f')}) | "
+            f"{_f(direct['throughput_tok_s'] / t['live']['count-jsq']['throughput_tok_s'])} | "
+            f"{_f(direct['tpot_p95_ms'] / t['live']['count-jsq']['tpot_p95_ms'])} | "
+            f"{_f(direct['queue_p99_s'] / t['live']['count-jsq']['queue_p99_s'])} | |",
+            "",
+        ]
+        sb = t["switchback"]
+        ref, other = list(sb["per_arm"])
+        d = sb["paired_vs_reference"][other]["imbalance"]
+        off = t["offline_ab"]
+        off_diff = off[other]["steady_mean_imbalance"] - off[ref]["steady_mean_imbalance"]
+        lines += [
+            f"Switchback ({sb['windows_done']} windows): imbalance of the learned arm minus "
+            f"`brh:none` {_f(d['mean'], ',.0f')} tokens, 95% interval [{_f(d['low'], ',.0f')}, "
+            f"{_f(d['high'], ',.0f')}] over {d['pairs']} pairs; offline `ab` on the same "
+            f"requests: {_f(off_diff, ',.0f')} (steady mean imbalance).",
+            "",
+        ]
+    tt = result["added_ttft"]
+    lines.append(
+        f"Added TTFT at low load ({tt['requests']} requests at 0.1x capacity, time scale "
+        f"{result.get('ttft_time_scale', 'n/a')}): median {_f(tt['direct_median_ttft_ms'], '.2f')}"
+        f" ms straight to the ranks, {_f(tt['gateway_median_ttft_ms'], '.2f')} ms through the "
+        f"gateway: +{_f(tt['added_median_ttft_ms'], '.2f')} ms."
+    )
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--render", metavar="JSON", help="print the tables of a saved result, then stop")
     p.add_argument("--out", default="runs/live_gateway")
     p.add_argument("--traces", default="azure,mooncake")
     p.add_argument("--requests", type=int, default=2000)
@@ -409,6 +464,9 @@ def main() -> None:
         help="low-load TTFT run: short iterations, so the wait for the next one is small noise",
     )
     args = p.parse_args()
+    if args.render:
+        print(render(json.loads(Path(args.render).read_text())))
+        return
     args.time_scale = {"azure": args.azure_time_scale, "mooncake": args.mooncake_time_scale}
     args.switch_window = {"azure": args.azure_window, "mooncake": args.mooncake_window}
     out = Path(args.out)
@@ -422,6 +480,7 @@ def main() -> None:
     result["added_ttft"] = added_ttft(
         out / first / "replay.parquet", args.ttft_time_scale, out / "ttft", args.ttft_requests
     )
+    result["ttft_time_scale"] = args.ttft_time_scale
     result["wall_s"] = time.time() - t0
     result["loadavg_before"] = load_before
     result["loadavg_after"] = os.getloadavg()

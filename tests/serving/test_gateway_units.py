@@ -407,3 +407,34 @@ def test_a_prediction_service_that_is_down_falls_back_and_is_counted() -> None:
         "balanceroute_gateway_prediction_fallbacks_total", {"arm": "brh"}
     )
     assert fell is not None and fell >= 1
+
+
+def test_every_endpoint_but_the_probes_needs_the_token() -> None:
+    from fastapi.testclient import TestClient
+
+    from balanceroute.serving.gateway.app import create_gateway_app
+    from balanceroute.serving.gateway.server import build_gateway
+
+    token = "s3cret-token-of-24-chars"
+    settings = GatewaySettings(
+        ranks=["http://127.0.0.1:9"], slots=2, router="count-jsq", api_token=token
+    )
+    app = create_gateway_app(build_gateway(settings))
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        calls = [
+            ("POST", "/v1/completions", {"prompt": "x"}),
+            ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}),
+            ("GET", "/v1/models", None),
+            ("GET", "/metrics", None),
+            ("GET", "/v1/ab", None),
+            ("POST", "/admin/reload", None),
+            ("POST", "/admin/ab", None),
+        ]
+        for method, path, body in calls:
+            assert client.request(method, path, json=body).status_code == 401, path
+        auth = {"authorization": f"Bearer {token}"}
+        assert client.get("/metrics", headers=auth).status_code == 200
+        assert client.get("/v1/ab", headers=auth).json()["arms"] == ["count-jsq"]
+        assert client.post("/admin/ab", headers=auth).status_code == 409  # no --out folder
+        assert client.get("/healthz").status_code == 200
+        assert client.get("/readyz").status_code in (200, 503)  # no token needed

@@ -15,8 +15,8 @@ starts, a request waits in the gateway's pool (the gateway's last tick sample be
 ``OUT/ticks.parquet``, both clocks are this machine's wall clock) or in a rank's own queue (the
 round-robin baseline queues there); the simulator's steady iterations are those whose pool is
 non-empty after admission (its own definition). Imbalance ``I(k) = G max_g L_g - sum_g L_g``
-over them, from the emulator's logged loads. Throughput is output tokens per second of model
-time; TPOT p95 in model milliseconds; queueing p99 is the wait in the gateway's pool plus the
+over them, from the emulator's logged loads. Throughput is output tokens per second of busy
+model time (the sum of the iterations' cost-model durations, idle spells left out, for both); TPOT p95 in model milliseconds; queueing p99 is the wait in the gateway's pool plus the
 wait at the rank (arrival to admission), in model seconds.
 
 Also: the added TTFT at low load (the same requests straight to the ranks and through the
@@ -157,13 +157,14 @@ def sim_arm(rel: ReleasedRequests, spec: str, model_file: str | None) -> dict[st
         est = load_file(model_file) if model_file else build_estimator(rs.estimator)
     result = simulate(rel, rs.build_policy(est), SimConfig(G, B, cost_preset(COST)))
     imb, n_steady = steady_imbalance(result.loads, result.waiting > 0)
-    span = float(result.t_start[-1] - result.t_start[0])
+    cost = cost_preset(COST)
+    busy = float((cost.t_fixed_s + cost.t_comm_s + cost.t_token_s * result.max_load).sum())
     tpot = (result.finish_s - result.admit_s) / result.output_tokens
     queue = result.admit_s - result.release_s
     return {
         "steady_imbalance": imb,
         "steady_iterations": n_steady,
-        "throughput_tok_s": float(result.output_tokens.sum()) / span,
+        "throughput_tok_s": float(result.output_tokens.sum()) / busy,
         "tpot_p95_ms": float(np.percentile(tpot, 95) * 1e3),
         "queue_p99_s": float(np.percentile(queue, 99)),
         "router_step_p50_us": float(np.median(result.router_ns)) / 1e3
@@ -229,6 +230,7 @@ def live_arm(name: str, router: str | None, trace: Path, n: int, ts: float, out:
         if gw is not None:
             stop(gw)
         stop(emu)
+    (out / "live.json").write_text(json.dumps({"summary": summary, "router_step_p50_us": step}))
     return live_figures(out, summary, ts, step, n)
 
 
@@ -244,11 +246,9 @@ def live_figures(out: Path, summary: dict, ts: float, step: float | None, n: int
         pool = np.where(at > 0, ticks["pool"].to_numpy()[np.maximum(at - 1, 0)], 0)
         waiting |= pool > 0
     imb, n_steady = steady_imbalance(loads, waiting)
-    model_span = float(
-        iterations["model_start_s"].iloc[-1]
-        + iterations["duration_s"].iloc[-1]
-        - iterations["model_start_s"].iloc[0]
-    )
+    running = rank_matrix(iterations, "running").sum(axis=1)
+    idle = G * B - running[waiting]  # slots the engine had free while requests waited
+    busy = float(iterations["duration_s"].sum())  # model seconds with work (no idle)
     done = requests[requests["finish_reason"] != "abort"]
     rank_wait = (done["admit_s"] - done["recv_s"]).to_numpy()
     queue = pd.Series(rank_wait, index=done["request_id"].to_numpy())
@@ -263,33 +263,59 @@ def live_figures(out: Path, summary: dict, ts: float, step: float | None, n: int
         "steady_imbalance": imb,
         "steady_iterations": n_steady,
         "iterations": len(iterations),
-        "throughput_tok_s": float(done["generated"].sum()) / model_span,
+        "throughput_tok_s": float(done["generated"].sum()) / busy,
         "tpot_p95_ms": summary["p95_tpot_ms"] * ts,
         "queue_p99_s": float(np.percentile(queue.to_numpy(), 99)) * ts,
         "router_step_p50_us": step,
         "emulator_resyncs": json.loads((out / "emulator" / "summary.json").read_text())["resyncs"],
         "median_ttft_ms_wall": summary["median_ttft_ms"],
+        "idle_slots_while_waiting_p50": float(np.median(idle)) if idle.size else None,
+        "iteration_wall_ms_p50": float(np.median(np.diff(iterations["end_s"].to_numpy())) * 1e3),
     }
 
 
-def added_ttft(trace: Path, ts: float, out: Path, n: int) -> dict[str, Any]:
-    """Median TTFT at low load: straight to the ranks against through the gateway, one group."""
+def _outside_the_engine_ms(bench_dir: Path, emulator_dir: Path) -> np.ndarray:
+    """Per request: TTFT seen by the client minus the engine's own (arrival at the rank to its
+    first chunk written), in ms: what lies outside the engine (client, network, gateway)."""
+    client = pd.read_parquet(bench_dir / "requests.parquet").set_index("request_id")["ttft_s"]
+    _, rq = read_log(emulator_dir)
+    rq = rq.drop_duplicates("request_id", keep=False).set_index("request_id")
+    engine = rq["first_sent_s"] - rq["recv_s"]
+    both = pd.concat([client, engine], axis=1, join="inner").dropna()
+    return ((both.iloc[:, 0] - both.iloc[:, 1]) * 1e3).to_numpy()
+
+
+def added_ttft(trace: Path, ts: float, out: Path, n: int, load: float) -> dict[str, Any]:
+    """TTFT added by the gateway at low load: the same requests straight to the ranks and
+    through the gateway, each against the engine's own first-chunk time (so the wait for the
+    engine's next iteration, the same either way, is not counted)."""
     out.mkdir(parents=True, exist_ok=True)
-    emu, urls = start_emulator(ts, out / "emulator", out / "emulator.out")
+    emu, urls = start_emulator(ts, out / "emulator-direct", out / "emulator-direct.out")
     try:
-        direct = bench(urls, trace, n, 0.1, ts, out / "direct")
+        direct = bench(urls, trace, n, load, ts, out / "direct")
+    finally:
+        stop(emu)
+    emu, urls = start_emulator(ts, out / "emulator-via", out / "emulator-via.out")
+    try:
         gw, gw_url = start_gateway(urls, ["--router", "count-jsq", "--no-mlflow"], out / "gateway")
         try:
-            via = bench([gw_url], trace, n, 0.1, ts, out / "via")
+            via = bench([gw_url], trace, n, load, ts, out / "via")
         finally:
             stop(gw)
     finally:
         stop(emu)
+    d = _outside_the_engine_ms(out / "direct", out / "emulator-direct")
+    v = _outside_the_engine_ms(out / "via", out / "emulator-via")
     return {
         "requests": n,
+        "load": load,
+        "time_scale": ts,
         "direct_median_ttft_ms": direct["median_ttft_ms"],
         "gateway_median_ttft_ms": via["median_ttft_ms"],
-        "added_median_ttft_ms": via["median_ttft_ms"] - direct["median_ttft_ms"],
+        "direct_outside_engine_ms_p50": float(np.median(d)),
+        "gateway_outside_engine_ms_p50": float(np.median(v)),
+        "gateway_outside_engine_ms_p90": float(np.percentile(v, 90)),
+        "added_median_ttft_ms": float(np.median(v) - np.median(d)),
     }
 
 
@@ -341,35 +367,26 @@ def one_trace(name: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     rest_keys = write_trace(with_live_keys(rest), out / "switchback-live-keys.parquet")
     models = fit_models(train, out / "models")
     rel, _ = released(replay, args.load)
-    sim = {r: sim_arm(rel, r, None) for r in ROUTERS}
+    routers = tuple(args.routers)
+    sim = {r: sim_arm(rel, r, None) for r in routers}
     learned = {k: sim_arm(rel, f"brh:{k}", f) for k, f in models.items()}
     best = min(learned, key=lambda k: learned[k]["steady_imbalance"] or np.inf)
     best_spec = f"brh:{best}@{models[best]}"
     sim["brh:best"] = learned[best]
     live = {}
-    for r in (*ROUTERS, "brh:best", "direct"):
+    for r in (*routers, "brh:best", "direct"):
         spec = best_spec if r == "brh:best" else (None if r == "direct" else r)
         live[r] = live_arm(name, spec, replay_file, args.requests, ts, out / r.replace(":", "-"),
                            args.load)  # fmt: skip
         print(f"{name} {r}: {json.dumps(live[r])}", file=sys.stderr, flush=True)
-    ref_live, ref_sim = live["count-jsq"], sim["count-jsq"]
-    table = {}
-    for r in (*ROUTERS, "brh:best"):
-        li, si = live[r], sim[r]
-        table[r] = {
-            "live_imbalance_ratio": _ratio(li["steady_imbalance"], ref_live["steady_imbalance"]),
-            "sim_imbalance_ratio": _ratio(si["steady_imbalance"], ref_sim["steady_imbalance"]),
-            "live_throughput_gain": _ratio(li["throughput_tok_s"], ref_live["throughput_tok_s"]),
-            "sim_throughput_gain": _ratio(si["throughput_tok_s"], ref_sim["throughput_tok_s"]),
-            "live_tpot_p95_ratio": _ratio(li["tpot_p95_ms"], ref_live["tpot_p95_ms"]),
-            "live_queue_p99_ratio": _ratio(li["queue_p99_s"], ref_live["queue_p99_s"]),
-            "router_step_p50_us": li["router_step_p50_us"],
-        }
+    table = build_table(live, sim, routers)
     sb_arms = f"brh:none,{best_spec}"
     window = args.switch_window[name]
     sb_n = len(rest) if args.switch_requests is None else min(len(rest), args.switch_requests)
-    sb = switchback(rest_file, sb_arms, sb_n, ts, window, out / "switchback", args.load)
-    ab = offline_ab(rest_keys, sb_arms, sb_n, args.load, out / "offline-ab")
+    sb = ab = None
+    if not args.no_switchback:
+        sb = switchback(rest_file, sb_arms, sb_n, ts, window, out / "switchback", args.load)
+        ab = offline_ab(rest_keys, sb_arms, sb_n, args.load, out / "offline-ab")
     return {
         "trace": TRACES[name],
         "time_scale": ts,
@@ -380,9 +397,49 @@ def one_trace(name: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
         "live": live,
         "sim": sim,
         "table": table,
-        "switchback": {k: sb[k] for k in SWITCHBACK_KEYS},
-        "offline_ab": {a: ab["arms"][a] for a in ab["arms"]},
+        "switchback": None if sb is None else {k: sb[k] for k in SWITCHBACK_KEYS},
+        "offline_ab": None if ab is None else {a: ab["arms"][a] for a in ab["arms"]},
     }
+
+
+def build_table(live: dict, sim: dict, routers: tuple[str, ...]) -> dict[str, dict]:
+    """Every router against ``count-jsq``, live and simulated side by side."""
+    ref_live, ref_sim = live["count-jsq"], sim["count-jsq"]
+    table = {}
+    for r in (*routers, "brh:best"):
+        li, si = live[r], sim[r]
+        table[r] = {
+            "live_imbalance_ratio": _ratio(li["steady_imbalance"], ref_live["steady_imbalance"]),
+            "sim_imbalance_ratio": _ratio(si["steady_imbalance"], ref_sim["steady_imbalance"]),
+            "live_throughput_gain": _ratio(li["throughput_tok_s"], ref_live["throughput_tok_s"]),
+            "sim_throughput_gain": _ratio(si["throughput_tok_s"], ref_sim["throughput_tok_s"]),
+            "live_tpot_p95_ratio": _ratio(li["tpot_p95_ms"], ref_live["tpot_p95_ms"]),
+            "live_queue_p99_ratio": _ratio(li["queue_p99_s"], ref_live["queue_p99_s"]),
+            "router_step_p50_us": li["router_step_p50_us"],
+        }
+    return table
+
+
+def reanalyze(old: dict[str, Any], args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """A saved run's figures recomputed from its logs (live) and fresh replays (simulator);
+    the switchback, the offline A/B and the TTFT are kept as they were."""
+    for name, t in old["traces"].items():
+        folder = out / name
+        replay = pd.read_parquet(folder / "replay.parquet")
+        rel, _ = released(replay, old["load"])
+        routers = tuple(r for r in t["table"] if r != "brh:best")
+        sim = {r: sim_arm(rel, r, None) for r in routers}
+        best = t["best_estimator"]
+        sim["brh:best"] = sim_arm(rel, f"brh:{best}", str(folder / "models" / f"{best}.joblib"))
+        live = {}
+        for r in (*routers, "brh:best", "direct"):
+            arm_dir = folder / r.replace(":", "-")
+            summary = json.loads((arm_dir / "bench" / "summary.json").read_text())
+            step = t["live"][r]["router_step_p50_us"]
+            live[r] = live_figures(arm_dir, summary, t["time_scale"], step, t["requests"])
+        t.update(live=live, sim=sim, table=build_table(live, sim, routers))
+    old["reanalyzed"] = True
+    return old
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -422,6 +479,8 @@ def render(result: dict[str, Any]) -> str:
             "",
         ]
         sb = t["switchback"]
+        if sb is None:
+            continue
         ref, other = list(sb["per_arm"])
         d = sb["paired_vs_reference"][other]["imbalance"]
         off = t["offline_ab"]
@@ -433,12 +492,17 @@ def render(result: dict[str, Any]) -> str:
             f"requests: {_f(off_diff, ',.0f')} (steady mean imbalance).",
             "",
         ]
-    tt = result["added_ttft"]
+    tt = result.get("added_ttft")
+    if tt is None:
+        return "\n".join(lines)
     lines.append(
-        f"Added TTFT at low load ({tt['requests']} requests at 0.1x capacity, time scale "
-        f"{result.get('ttft_time_scale', 'n/a')}): median {_f(tt['direct_median_ttft_ms'], '.2f')}"
-        f" ms straight to the ranks, {_f(tt['gateway_median_ttft_ms'], '.2f')} ms through the "
-        f"gateway: +{_f(tt['added_median_ttft_ms'], '.2f')} ms."
+        f"Added TTFT at low load ({tt['requests']} requests at {tt.get('load', 0.1):g}x capacity, "
+        f"time scale {tt.get('time_scale', result.get('ttft_time_scale', 'n/a'))}): client TTFT "
+        f"minus the engine's own first-chunk time, median "
+        f"{_f(tt.get('direct_outside_engine_ms_p50'), '.2f')} ms straight to the ranks and "
+        f"{_f(tt.get('gateway_outside_engine_ms_p50'), '.2f')} ms through the gateway: "
+        f"+{_f(tt['added_median_ttft_ms'], '.2f')} ms (raw medians "
+        f"{_f(tt['direct_median_ttft_ms'], '.1f')} and {_f(tt['gateway_median_ttft_ms'], '.1f')} ms)."
     )
     return "\n".join(lines)
 
@@ -446,6 +510,9 @@ def render(result: dict[str, Any]) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--render", metavar="JSON", help="print the tables of a saved result, then stop")
+    p.add_argument(
+        "--reanalyze", metavar="JSON", help="recompute a saved run's figures from --out's logs"
+    )
     p.add_argument("--out", default="runs/live_gateway")
     p.add_argument("--traces", default="azure,mooncake")
     p.add_argument("--requests", type=int, default=2000)
@@ -456,16 +523,25 @@ def main() -> None:
     p.add_argument("--azure-window", type=float, default=11.0, help="switchback window, wall s")
     p.add_argument("--mooncake-window", type=float, default=9.0)
     p.add_argument("--switch-requests", type=int, help="requests of the switchback (default all)")
-    p.add_argument("--ttft-requests", type=int, default=500)
+    p.add_argument("--routers", type=lambda t: t.split(","), default=list(ROUTERS))
+    p.add_argument("--no-switchback", action="store_true")
+    p.add_argument("--no-ttft", action="store_true")
+    p.add_argument("--ttft-requests", type=int, default=300)
+    p.add_argument("--ttft-load", type=float, default=0.2)
+    p.add_argument("--ttft-only", action="store_true", help="only the added-TTFT measurement")
     p.add_argument(
         "--ttft-time-scale",
         type=float,
-        default=50.0,
+        default=1.0,
         help="low-load TTFT run: short iterations, so the wait for the next one is small noise",
     )
     args = p.parse_args()
     if args.render:
         print(render(json.loads(Path(args.render).read_text())))
+        return
+    if args.reanalyze:
+        old = json.loads(Path(args.reanalyze).read_text())
+        print(json.dumps(reanalyze(old, args, Path(args.out)), indent=2, default=float))
         return
     args.time_scale = {"azure": args.azure_time_scale, "mooncake": args.mooncake_time_scale}
     args.switch_window = {"azure": args.azure_window, "mooncake": args.mooncake_window}
@@ -474,11 +550,25 @@ def main() -> None:
     t0 = time.time()
     result: dict[str, Any] = {"G": G, "B": B, "cost": COST, "load": args.load, "traces": {}}
     names = [t.strip() for t in args.traces.split(",") if t.strip()]
-    for name in names:
+    for name in [] if args.ttft_only else names:
         result["traces"][name] = one_trace(name, args, out / name)
+    if args.ttft_only:
+        folder = out / names[0]
+        folder.mkdir(parents=True, exist_ok=True)
+        frame, _ = load_workload(WorkloadSpec(trace=str(DATA / TRACES[names[0]])))
+        replay = rebased(frame.iloc[args.train : args.train + args.ttft_requests])
+        write_trace(replay, folder / "replay.parquet")
+            sliced,
+            (out / names[0]).mkdir(parents=True, exist_ok=True)
+            or out / names[0] / "replay.parquet",
+        )
     first = names[0]
-    result["added_ttft"] = added_ttft(
-        out / first / "replay.parquet", args.ttft_time_scale, out / "ttft", args.ttft_requests
+    result["added_ttft"] = (
+        None
+        if args.no_ttft
+        else added_ttft(
+            out / first / "replay.parquet", args.ttft_time_scale, out / "ttft", args.ttft_requests
+        )
     )
     result["ttft_time_scale"] = args.ttft_time_scale
     result["wall_s"] = time.time() - t0

@@ -558,10 +558,6 @@ def main() -> None:
         frame, _ = load_workload(WorkloadSpec(trace=str(DATA / TRACES[names[0]])))
         replay = rebased(frame.iloc[args.train : args.train + args.ttft_requests])
         write_trace(replay, folder / "replay.parquet")
-            sliced,
-            (out / names[0]).mkdir(parents=True, exist_ok=True)
-            or out / names[0] / "replay.parquet",
-        )
     first = names[0]
     result["added_ttft"] = (
         None

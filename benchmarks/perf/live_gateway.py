@@ -563,7 +563,11 @@ def main() -> None:
         None
         if args.no_ttft
         else added_ttft(
-            out / first / "replay.parquet", args.ttft_time_scale, out / "ttft", args.ttft_requests
+            out / first / "replay.parquet",
+            args.ttft_time_scale,
+            out / "ttft",
+            args.ttft_requests,
+            args.ttft_load,
         )
     )
     result["ttft_time_scale"] = args.ttft_time_scale

@@ -19,6 +19,7 @@ from balanceroute.predict.base import CompletedBatch
 from balanceroute.predict.no_prediction import NoPrediction
 from balanceroute.router.policy import Policy
 from balanceroute.router.specs import RouterSpec
+from balanceroute.router.state import Admissions
 from balanceroute.serving.gateway.arms import Arm, Handle
 from balanceroute.serving.gateway.dispatch import Dispatcher
 from balanceroute.serving.gateway.metrics import GatewayMetrics
@@ -129,8 +130,6 @@ class Spy(Policy):
             free[g] -= 1
             pos.append(p)
             wk.append(g)
-        from balanceroute.router.state import Admissions
-
         return Admissions(np.array(pos, dtype=np.int64), np.array(wk, dtype=np.int64))
 
     def on_complete(self, positions, output_tokens, finish_s, iteration) -> None:

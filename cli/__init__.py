@@ -47,6 +47,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "balanceroute.cli.bench",
         "replay a trace against OpenAI-compatible endpoints and measure it",
     ),
+    "gateway": (
+        "balanceroute.cli.gateway",
+        "BalanceRoute live: an OpenAI-compatible gateway in front of the decode ranks",
+    ),
 }
 
 

@@ -46,6 +46,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the output-length draws")
     p.add_argument("--log", dest="log_dir", help="write the iteration and request logs here")
+    p.add_argument(
+        "--rank-header",
+        help="a request carrying this header (e.g. X-data-parallel-rank) runs on the rank it "
+        "names, whatever port it reached (vLLM's one-server header mode)",
+    )
     p.add_argument("--model", default=DEFAULT_MODEL, help="served model name (%(default)s)")
     p.add_argument(
         "--max-model-len", type=positive_int, default=131_072, help="prompt + output limit (131072)"
@@ -90,6 +95,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         kv_capacity_tokens=args.kv_capacity,
         output=OutputLengths(args.output_dist, args.output_mean, args.output_sigma),
         log_dir=args.log_dir,
+        rank_header=args.rank_header,
     )
 
 

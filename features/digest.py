@@ -20,6 +20,16 @@ def file_sha256(path: str | Path) -> str:
     return digest.hexdigest()
 
 
+def path_sha256(path: str | Path, parts: list[Path] | None = None) -> str:
+    """Hex SHA-256 of a file, or of a folder's parts (their names and digests, in order)."""
+    if parts is None:
+        return file_sha256(path)
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(f"{part.name}\x1f{file_sha256(part)}\x1e".encode())
+    return digest.hexdigest()
+
+
 def frame_sha256(trace: pd.DataFrame) -> str:
     """Hex SHA-256 of a canonical trace's content, identical across processes and platforms."""
     digest = hashlib.sha256()

@@ -94,3 +94,18 @@ def count_tokens(prompt: str | Sequence[int]) -> int:
     if isinstance(prompt, str):
         return len(prompt.split())
     return len(prompt)
+
+
+def chat_text(messages: Sequence[object]) -> str:
+    """The prompt text of chat messages (dicts as posted): every message's text content, in
+    order, joined by one space (text parts of a multi-part content count, other parts not)."""
+    texts: list[str] = []
+    for m in messages:
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, str):
+            texts.append(content)
+        elif isinstance(content, list):
+            texts.extend(
+                p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+            )
+    return " ".join(texts)

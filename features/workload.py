@@ -12,9 +12,9 @@ from typing import Any
 
 import pandas as pd
 
-from balanceroute.features.digest import file_sha256, frame_sha256
+from balanceroute.features.digest import frame_sha256, path_sha256
 from balanceroute.features.errors import UserError
-from balanceroute.features.loaders import AUTO, detect_format, load_trace
+from balanceroute.features.loaders import AUTO, detect_format, load_trace, trace_parts
 from balanceroute.features.synthetic import generate, get_preset
 
 DEFAULT_PRESET = "paper-prod"
@@ -60,7 +60,7 @@ def load_workload(spec: WorkloadSpec) -> tuple[pd.DataFrame, dict[str, Any]]:
             "key_blocks": key_blocks,
             "limit": requests,
             "rows": len(frame),
-            "sha256": file_sha256(trace),
+            "sha256": path_sha256(trace, trace_parts(trace)),
         }
         return frame, source
     spec = get_preset(preset or DEFAULT_PRESET)

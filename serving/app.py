@@ -11,7 +11,7 @@ from typing import Any
 
 import anyio.to_thread
 import orjson
-from fastapi import Depends, FastAPI, Request, Response
+from fastapi import Depends, FastAPI, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
@@ -19,6 +19,7 @@ from starlette.requests import ClientDisconnect
 
 from balanceroute.serving.body import request_components
 from balanceroute.serving.deps import require_token
+from balanceroute.serving.errors import client_disconnect, validation_error
 from balanceroute.serving.guard import RequestGuard
 from balanceroute.serving.guards import RouteGuards
 from balanceroute.serving.metrics import MetricsMiddleware, ServiceMetrics
@@ -32,24 +33,6 @@ from balanceroute.serving.snapshot import warm_router
 log = logging.getLogger("balanceroute.serve")
 TITLE = "BalanceRoute"
 VERSION = "0.1.0"
-
-
-async def validation_error(request: Request, exc: Exception) -> Response:
-    """422 with each error's field path, type and message (inputs are not echoed back)."""
-    assert isinstance(exc, RequestValidationError)
-    detail = [
-        {"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type"))}
-        for e in exc.errors()
-    ]
-    return Response(orjson.dumps({"detail": detail}), 422, media_type="application/json")
-
-
-async def client_disconnect(request: Request, exc: Exception) -> Response:
-    """A client that went away mid-upload: one log line, counted as status 499, no traceback."""
-    log.warning(
-        "%s %s: the client disconnected before its body arrived", request.method, request.url.path
-    )
-    return Response(status_code=499)
 
 
 def add_docs(app: FastAPI) -> None:

@@ -1,24 +1,21 @@
-"""Dependencies of the route handlers, as ``Annotated`` aliases; the bearer-token check."""
+"""Dependencies of the route handlers, as ``Annotated`` aliases (the bearer-token check lives in
+:mod:`balanceroute.serving.auth`, shared with the gateway)."""
 
 from __future__ import annotations
 
-import hmac
 from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from balanceroute.serving.auth import Authorized, require_token
 from balanceroute.serving.guards import RouteGuards
 from balanceroute.serving.metrics import ServiceMetrics
 from balanceroute.serving.models import LoadedModel, ModelStore, NotReady, UnknownModel
 from balanceroute.serving.settings import ServeSettings
 
-bearer = HTTPBearer(
-    auto_error=False,
-    description="required when the server has BALANCEROUTE_API_TOKEN set",
-)
+__all__ = ["Authorized", "require_token"]  # re-exported for the route modules
 
 
 async def get_store(request: Request) -> ModelStore:
@@ -50,24 +47,6 @@ def services(request: Request) -> Services:
 
 StoreDep = Annotated[ModelStore, Depends(get_store)]
 MetricsDep = Annotated[ServiceMetrics, Depends(get_metrics)]
-Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
-
-
-async def require_token(request: Request, credentials: Credentials) -> None:
-    """401 unless the call carries the configured bearer token (no token configured: open)."""
-    token = request.app.state.settings.token
-    if token is None:
-        return
-    given = credentials.credentials if credentials is not None else ""
-    if not hmac.compare_digest(given.encode(), token.encode()):
-        raise HTTPException(
-            status_code=401,
-            detail="missing or invalid bearer token",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
-
-
-Authorized = Depends(require_token)
 
 
 def field_error(loc: tuple[str | int, ...], kind: str, msg: str) -> RequestValidationError:

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from balanceroute.serving.settings import ServeSettings
+from balanceroute.serving.settings import ServiceSettings
 
 
 def host_name(value: str) -> str:
@@ -42,7 +42,7 @@ def is_json(content_type: str) -> bool:
 class RequestGuard:
     """ASGI middleware: Host, Origin and Content-Type checks (module docstring)."""
 
-    def __init__(self, app: ASGIApp, settings: ServeSettings) -> None:
+    def __init__(self, app: ASGIApp, settings: ServiceSettings) -> None:
         self.app = app
         self.hosts = settings.host_allowlist()
         self.any_host = "*" in self.hosts

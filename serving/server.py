@@ -6,24 +6,11 @@ import gc
 import logging
 
 import uvicorn
-from pydantic import ValidationError
 
-from balanceroute.features.errors import UserError
 from balanceroute.serving.app import create_app
-from balanceroute.serving.settings import ServeSettings
+from balanceroute.serving.settings import ServeSettings, load_settings
 
-
-def load_settings(overrides: dict[str, object] | None = None) -> ServeSettings:
-    """Settings from ``BALANCEROUTE_*`` and ``overrides``; invalid ones are one-line UserErrors."""
-    given = {k: v for k, v in (overrides or {}).items() if v is not None}
-    try:
-        return ServeSettings(**given)
-    except ValidationError as exc:
-        raise UserError(
-            "; ".join(
-                f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in exc.errors()
-            )
-        ) from None
+__all__ = ["load_settings", "run_server"]
 
 
 def run_server(settings: ServeSettings) -> None:

@@ -1,13 +1,18 @@
-"""The service's configuration: one pydantic-settings class, from flags or ``BALANCEROUTE_*``."""
+"""The services' configuration: pydantic-settings classes, from flags or ``BALANCEROUTE_*``.
+
+:class:`ServiceSettings` holds what every HTTP process shares (listening, the bearer token, the
+Host and Origin allow-lists); ``serve`` and ``gateway`` extend it."""
 
 from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Literal
+from typing import Literal, TypeVar
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from balanceroute.features.errors import UserError
 
 MAX_REQUESTS = 16_384
 MIN_TOKEN_LENGTH = 16
@@ -40,8 +45,9 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-class ServeSettings(BaseSettings):
-    """Everything ``balanceroute serve`` needs; environment variables use the prefix below.
+class ServiceSettings(BaseSettings):
+    """What every BalanceRoute HTTP process shares: where it listens, who may call it (bearer
+    token, Host and Origin allow-lists), body size and logging; from ``BALANCEROUTE_*``.
 
     Unsafe configurations are refused: a bearer token shorter than 16 characters, and listening
     beyond loopback without a token unless ``allow_unauthenticated`` says so explicitly.
@@ -49,10 +55,6 @@ class ServeSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="BALANCEROUTE_", extra="ignore")
 
-    model_uri: str = Field(
-        description="arm a: models:/NAME@ALIAS, models:/NAME/VERSION or a local .joblib path"
-    )
-    model_uri_b: str | None = Field(default=None, description="optional arm b, same forms")
     host: str = Field(default="127.0.0.1", description="address to listen on")
     allowed_hosts: str = Field(
         default="",
@@ -71,14 +73,73 @@ class ServeSettings(BaseSettings):
     allow_unauthenticated: bool = Field(
         default=False, description="allow listening beyond loopback without a token"
     )
-    max_requests: int = Field(
-        default=MAX_REQUESTS, ge=1, le=MAX_REQUESTS, description="requests per call at most"
-    )
     max_body_bytes: int = Field(
         default=32 * 1024 * 1024,
         ge=1024,
         le=1024**3,
         description="request bodies above this get 413",
+    )
+    log_level: LogLevel = Field(default="info", description="log level (uvicorn and model swaps)")
+    access_log: bool = Field(default=False, description="uvicorn access log (costs latency)")
+
+    @field_validator("api_token", mode="before")
+    @classmethod
+    def _empty_token_is_unset(cls, value: object) -> object:
+        return None if value == "" else value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower(cls, value: object) -> object:
+        return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("host")
+    @classmethod
+    def _valid_host(cls, value: str) -> str:
+        return check_host(value)
+
+    @model_validator(mode="after")
+    def _refuse_unsafe(self) -> ServiceSettings:
+        token = self.api_token.get_secret_value() if self.api_token is not None else None
+        if token is not None and (
+            len(token) < MIN_TOKEN_LENGTH or any(c.isspace() or not c.isprintable() for c in token)
+        ):
+            raise ValueError(
+                f"BALANCEROUTE_API_TOKEN must be at least {MIN_TOKEN_LENGTH} characters, "
+                "printable, without spaces"
+            )
+        if token is None and not is_loopback(self.host) and not self.allow_unauthenticated:
+            raise ValueError(
+                f"refusing to listen on {self.host} without a bearer token: set "
+                "BALANCEROUTE_API_TOKEN, or BALANCEROUTE_ALLOW_UNAUTHENTICATED=true"
+            )
+        return self
+
+    @property
+    def token(self) -> str | None:
+        """The bearer token in clear, or None when the service is open."""
+        return None if self.api_token is None else self.api_token.get_secret_value()
+
+    def host_allowlist(self) -> frozenset[str]:
+        """Host names (lower case, no port) a request may be addressed to."""
+        given = {h.strip().lower() for h in self.allowed_hosts.split(",") if h.strip()}
+        return frozenset({*LOOPBACK_NAMES, *given})
+
+    def origin_allowlist(self) -> frozenset[str]:
+        """Browser origins allowed to call the API."""
+        return frozenset(
+            o.strip().rstrip("/").lower() for o in self.allowed_origins.split(",") if o.strip()
+        )
+
+
+class ServeSettings(ServiceSettings):
+    """Everything ``balanceroute serve`` needs besides :class:`ServiceSettings`."""
+
+    model_uri: str = Field(
+        description="arm a: models:/NAME@ALIAS, models:/NAME/VERSION or a local .joblib path"
+    )
+    model_uri_b: str | None = Field(default=None, description="optional arm b, same forms")
+    max_requests: int = Field(
+        default=MAX_REQUESTS, ge=1, le=MAX_REQUESTS, description="requests per call at most"
     )
     replay_buffer: int = Field(
         default=65_536,
@@ -136,56 +197,11 @@ class ServeSettings(BaseSettings):
         allow_inf_nan=False,
         description="longest wait between retries of a failed first model load",
     )
-    log_level: LogLevel = Field(default="info", description="log level (uvicorn and model swaps)")
-    access_log: bool = Field(default=False, description="uvicorn access log (costs latency)")
 
-    @field_validator("api_token", "model_uri_b", mode="before")
+    @field_validator("model_uri_b", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return None if value == "" else value
-
-    @field_validator("log_level", mode="before")
-    @classmethod
-    def _lower(cls, value: object) -> object:
-        return value.strip().lower() if isinstance(value, str) else value
-
-    @field_validator("host")
-    @classmethod
-    def _valid_host(cls, value: str) -> str:
-        return check_host(value)
-
-    @model_validator(mode="after")
-    def _refuse_unsafe(self) -> ServeSettings:
-        token = self.api_token.get_secret_value() if self.api_token is not None else None
-        if token is not None and (
-            len(token) < MIN_TOKEN_LENGTH or any(c.isspace() or not c.isprintable() for c in token)
-        ):
-            raise ValueError(
-                f"BALANCEROUTE_API_TOKEN must be at least {MIN_TOKEN_LENGTH} characters, "
-                "printable, without spaces"
-            )
-        if token is None and not is_loopback(self.host) and not self.allow_unauthenticated:
-            raise ValueError(
-                f"refusing to listen on {self.host} without a bearer token: set "
-                "BALANCEROUTE_API_TOKEN, or BALANCEROUTE_ALLOW_UNAUTHENTICATED=true"
-            )
-        return self
-
-    @property
-    def token(self) -> str | None:
-        """The bearer token in clear, or None when the service is open."""
-        return None if self.api_token is None else self.api_token.get_secret_value()
-
-    def host_allowlist(self) -> frozenset[str]:
-        """Host names (lower case, no port) a request may be addressed to."""
-        given = {h.strip().lower() for h in self.allowed_hosts.split(",") if h.strip()}
-        return frozenset({*LOOPBACK_NAMES, *given})
-
-    def origin_allowlist(self) -> frozenset[str]:
-        """Browser origins allowed to call the API."""
-        return frozenset(
-            o.strip().rstrip("/").lower() for o in self.allowed_origins.split(",") if o.strip()
-        )
 
     def uris(self) -> dict[str, str]:
         """Configured model URI per arm label."""
@@ -193,3 +209,20 @@ class ServeSettings(BaseSettings):
         if self.model_uri_b:
             out["b"] = self.model_uri_b
         return out
+
+
+S = TypeVar("S", bound=ServiceSettings)
+
+
+def load_settings(overrides: dict[str, object] | None = None, cls: type[S] = ServeSettings) -> S:
+    """Settings of class ``cls`` from ``BALANCEROUTE_*`` and ``overrides``; invalid ones are
+    one-line UserErrors."""
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    try:
+        return cls(**given)
+    except ValidationError as exc:
+        raise UserError(
+            "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in exc.errors()
+            )
+        ) from None

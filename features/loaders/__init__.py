@@ -1,7 +1,9 @@
 """Read request traces of every supported layout into the canonical schema.
 
 ``load_trace(path)`` sniffs the layout from the file's content (``format=`` forces one) and
-returns a frame accepted by :func:`features.schema.validate_trace`. Bad input raises
+returns a frame accepted by :func:`features.schema.validate_trace`. A folder is read as the
+union of its parts (``*.parquet``, ``*.csv``, ``*.jsonl`` directly inside it, such as the
+gateway's completion log), each read like a file, rows ordered by arrival. Bad input raises
 :class:`~features.errors.TraceError` naming the file, the 1-based data row (row 1 is the first
 request; a CSV header and blank lines are not rows) and the field.
 """
@@ -22,7 +24,8 @@ FORMATS: dict[str, TraceFormat] = {
 }
 AUTO = "auto"
 
-__all__ = ["AUTO", "FORMATS", "detect_format", "format_names", "load_trace"]
+__all__ = ["AUTO", "FORMATS", "detect_format", "format_names", "load_trace", "trace_parts"]
+PART_SUFFIXES = (".parquet", ".csv", ".jsonl")
 
 
 def format_names() -> list[str]:
@@ -48,8 +51,31 @@ def _best_format(path: Path, sniffed: Sniff) -> str:
     return best
 
 
+def trace_parts(path: str | Path) -> list[Path] | None:
+    """The part files of a trace folder in name order (None when ``path`` is not a folder);
+    a TraceError when the folder holds none."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return None
+    parts = sorted(
+        p
+        for p in folder.iterdir()
+        if p.is_file() and p.suffix in PART_SUFFIXES and not p.name.startswith(".")
+    )
+    if not parts:
+        raise TraceError(
+            f"the folder holds no trace parts ({', '.join('*' + s for s in PART_SUFFIXES)})",
+            path=path,
+        )
+    return parts
+
+
 def detect_format(path: str | Path) -> str:
-    """The name of the layout of a trace file, judged by its content, not its extension."""
+    """The name of the layout of a trace file (of a folder: of its first part), judged by its
+    content, not its extension."""
+    parts = trace_parts(path)
+    if parts is not None:
+        return detect_format(parts[0])
     checked = check_file(path)
     return _best_format(checked, sniff(checked))
 
@@ -85,6 +111,11 @@ def load_trace(
         raise UserError(f"key_blocks must be at least 1, got {key_blocks}")
     if limit is not None and limit < 1:
         raise UserError(f"limit must be at least 1 request, got {limit}")
+    parts = trace_parts(path)
+    if parts is not None:
+        frames = [load_trace(p, format=format, key_blocks=key_blocks) for p in parts]
+        frame = validate_trace(pd.concat(frames, ignore_index=True), source=path)
+        return frame if limit is None else frame.iloc[:limit].reset_index(drop=True)
     checked = check_file(path)
     sniffed = sniff(checked)
     fmt = _resolve(checked, sniffed, format)

@@ -325,6 +325,16 @@ def create_rank_app(group: DecodeGroup, rank: int) -> FastAPI:
         if body.n != 1:
             raise BadRequest("the emulator supports n = 1 only")
 
+    def target_rank(request: Request) -> int:
+        """This port's rank, or the rank the configured header names (vLLM's external load
+        balancing pins a request to a rank with ``X-data-parallel-rank``)."""
+        named = request.headers.get(cfg.rank_header) if cfg.rank_header else None
+        if named is None:
+            return rank
+        if not named.strip().isdigit() or int(named) >= cfg.ranks:
+            raise BadRequest(f"{cfg.rank_header} must be a rank in 0..{cfg.ranks - 1}, got {named!r}")
+        return int(named)
+
     def start(
         request: Request,
         body: CompletionRequest | ChatCompletionRequest,
@@ -346,7 +356,7 @@ def create_rank_app(group: DecodeGroup, rank: int) -> FastAPI:
             )
         rid = request.headers.get("x-request-id") or body.request_id
         req = group.new_request(
-            rank,
+            target_rank(request),
             prompt_tokens=prompt_tokens,
             max_tokens=max_tokens,
             ignore_eos=body.ignore_eos,

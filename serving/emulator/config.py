@@ -62,6 +62,7 @@ class EmulatorConfig:
     kv_capacity_tokens: int = 0  # per rank, for vllm:kv_cache_usage_perc; 0 = slots * 16384
     output: OutputLengths = field(default_factory=OutputLengths)
     log_dir: str | None = None
+    rank_header: str | None = None  # a request carrying it runs on the rank it names
     resync_s: float = 1.0  # a group this late against its deadlines re-anchors its clock
 
     def __post_init__(self) -> None:

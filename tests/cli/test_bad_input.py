@@ -21,6 +21,7 @@ SIM = ["simulate", "--preset", "geometric", "--requests", "50", "--saturate", "-
 AB = ["ab", "--preset", "geometric", "--requests", "50", "--no-mlflow", "--out", "o"]
 TRAIN = ["train", "--preset", "geometric", "--requests", "50"]
 EVAL = ["evaluate", "--preset", "geometric", "--requests", "50"]
+GW = ["gateway", "--rank", "http://127.0.0.1:9", "--slots", "2"]
 
 # name -> (argv, words the one line must contain); "TRACE" is replaced by a valid trace file.
 CASES: dict[str, tuple[list[str], list[str]]] = {
@@ -141,6 +142,39 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
         ["--concurrency-limit"],
     ),
     "bench url": (["bench", "--url", "notaurl", "--requests", "2", "--out", "o"], ["notaurl"]),
+    # the gateway
+    "gateway no rank": (["gateway", "--slots", "4", "--out", "o"], ["ranks"]),
+    "gateway slots 0": ([*GW[:3], "--slots", "0"], ["--slots", "at least 1"]),
+    "gateway no slots": (GW[:3], ["slots"]),
+    "gateway url": (["gateway", "--rank", "notaurl", "--slots", "2"], ["notaurl"]),
+    "gateway url twice": ([*GW, "--rank", "http://127.0.0.1:9"], ["twice"]),
+    "gateway oracle": ([*GW, "--router", "brh", "--estimator", "oracle"], ["cannot run live"]),
+    "gateway no history": ([*GW, "--router", "brh", "--estimator", "gbdt"], ["--history"]),
+    "gateway exact": ([*GW, "--router", "exact"], ["cannot run live"]),
+    "gateway router": ([*GW, "--router", "nope"], ["unknown router"]),
+    "gateway arms": ([*GW, "--arms", "brh,brh"], ["arms given twice"]),
+    "gateway switch-every": ([*GW, "--switch-every", "0s"], ["--switch-every"]),
+    "gateway switch-every text": ([*GW, "--switch-every", "soon"], ["--switch-every"]),
+    "gateway warmup": ([*GW, "--switch-every", "2s", "--warmup", "3s"], ["warmup"]),
+    "gateway header": (
+        [*GW, "--rank", "http://127.0.0.1:10", "--rank-header", "X-data-parallel-rank"],
+        ["exactly one"],
+    ),
+    "gateway header size": ([*GW, "--rank-header", "X-data-parallel-rank"], ["group_size"]),
+    "gateway tokenizer": ([*GW, "--tokenizer", "missing.json"], ["missing.json"]),
+    "gateway not a tokenizer": ([*GW, "--tokenizer", "TRACE"], ["tokenizer"]),
+    "gateway url and arms": (
+        [*GW, "--arms", "brh,br0", "--estimator-url", "http://127.0.0.1:9"],
+        ["estimator_url"],
+    ),
+    "gateway service down": (
+        [*GW, "--router", "brh", "--estimator-url", "http://127.0.0.1:9"],
+        ["cannot reach"],
+    ),
+    "gateway history": ([*GW, "--router", "brh:survival", "--history", "nope.csv"], ["nope.csv"]),
+    "gateway port": ([*GW, "--port", "70000"], ["port"]),
+    "gateway host": ([*GW, "--host", "300.1.1.1"], ["300.1.1.1"]),
+    "gateway max-pool": ([*GW, "--max-pool", "0"], ["--max-pool"]),
 }
 
 ENV_CASES: dict[str, tuple[dict[str, str], list[str], list[str]]] = {

@@ -18,6 +18,7 @@ MINIMAL = {
     "serve": ["serve"],
     "emulate": ["emulate"],
     "bench": ["bench", "--url", "http://127.0.0.1:9000", "--out", "o"],
+    "gateway": ["gateway", "--rank", "http://127.0.0.1:9000", "--slots", "4"],
 }
 
 

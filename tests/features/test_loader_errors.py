@@ -174,7 +174,7 @@ def test_bad_input_through_the_cli(tmp_path, cli, case):
 def test_missing_path_and_directory(tmp_path, cli):
     missing = tmp_path / "nope.csv"
     _assert_one_line(*cli("trace", "inspect", str(missing))[::2], missing, ["no such file"])
-    _assert_one_line(*cli("trace", "inspect", str(tmp_path))[::2], tmp_path, ["is a directory"])
+    _assert_one_line(*cli("trace", "inspect", str(tmp_path))[::2], tmp_path, ["holds no trace parts"])
 
 
 def test_parquet_errors(tmp_path, cli):

@@ -172,3 +172,33 @@ def test_chunked_reads_keep_file_rows(write, monkeypatch):
         for i in range(5)
     )
     assert len(load_trace(write("m.jsonl", lines))) == 5
+
+
+def _part(rows: list[tuple[str, float, int, int, str]]) -> pd.DataFrame:
+    return pd.DataFrame(rows, columns=list(CANONICAL_COLUMNS))
+
+
+def test_a_folder_reads_as_the_union_of_its_parts_in_arrival_order(tmp_path):
+    folder = tmp_path / "completions"
+    folder.mkdir()
+    _part([("b", 5.0, 10, 3, "k1"), ("c", 9.0, 20, 4, "k2")]).to_parquet(folder / "part-2.parquet")
+    _part([("a", 1.0, 30, 5, "k1")]).to_parquet(folder / "part-1.parquet")
+    (folder / "log.json").write_text("{}")  # not a part
+    (folder / ".part-3.parquet.tmp").write_text("half written")  # not a part either
+    trace = load_trace(folder)
+    assert trace["request_id"].tolist() == ["a", "b", "c"]
+    assert trace["output_tokens"].tolist() == [5, 3, 4]
+    assert detect_format(folder) == "canonical"
+    assert load_trace(folder, limit=2)["request_id"].tolist() == ["a", "b"]
+
+
+def test_a_folder_without_parts_names_itself(tmp_path):
+    with pytest.raises(UserError, match="no trace parts") as err:
+        load_trace(tmp_path)
+    assert str(tmp_path) in str(err.value)
+
+
+def test_a_bad_part_names_its_file(tmp_path):
+    _part([("a", 1.0, 0, 5, "k")]).to_parquet(tmp_path / "part-1.parquet")
+    with pytest.raises(UserError, match=r"part-1\.parquet"):
+        load_trace(tmp_path)

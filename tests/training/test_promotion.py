@@ -54,10 +54,10 @@ def test_a_worse_model_does_not_move_champion(isolated, monkeypatch) -> None:
     def broken(*args, **kwargs):
         raise RuntimeError("registry write failed")
 
-    monkeypatch.setattr(mlflow.pyfunc, "log_model", broken)
-    assert run_cli(["train", *ARGS, "--estimators", "exactmatch", "--promote"]) == 3
+    with monkeypatch.context() as patched:  # undoes only this patch, not the fixture's chdir
+        patched.setattr(mlflow.pyfunc, "log_model", broken)
+        assert run_cli(["train", *ARGS, "--estimators", "exactmatch", "--promote"]) == 3
     assert _aliases() == second
-    monkeypatch.undo()
     mlflow.set_tracking_uri(f"sqlite:///{isolated / 'mlflow.db'}")
 
     # an explicit --promote moves it

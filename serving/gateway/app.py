@@ -1,0 +1,52 @@
+"""The gateway's FastAPI app factory: the shared guards and token, the routes, the lifespan."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from starlette.requests import ClientDisconnect
+
+from balanceroute.serving.errors import client_disconnect, validation_error
+from balanceroute.serving.gateway.routes import ROUTERS
+from balanceroute.serving.gateway.runtime import Gateway
+from balanceroute.serving.guard import RequestGuard
+
+TITLE = "BalanceRoute gateway"
+VERSION = "0.1.0"
+
+
+def create_gateway_app(gateway: Gateway) -> FastAPI:
+    """An app serving ``gateway``: started with the app, stopped (logs and results written)
+    when the app shuts down."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await gateway.start()
+        try:
+            yield
+        finally:
+            saved = await gateway.stop()
+            if saved is not None and saved.get("tracking_error"):
+                print(f"balanceroute gateway: warning: MLflow: {saved['tracking_error']}")
+
+    app = FastAPI(
+        title=TITLE,
+        version=VERSION,
+        description="BalanceRoute in front of the data-parallel ranks of one decode group.",
+        lifespan=lifespan,
+        max_body_size=gateway.settings.max_body_bytes,
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
+    )
+    app.state.settings = gateway.settings
+    app.state.gateway = gateway
+    app.add_middleware(RequestGuard, settings=gateway.settings)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(ClientDisconnect, client_disconnect)
+    for router in ROUTERS:
+        app.include_router(router)
+    return app

@@ -1,0 +1,178 @@
+"""The gateway's routing arms: the same policy objects and estimators as ``simulate``.
+
+Each arm is a :class:`~balanceroute.router.specs.RouterSpec` built with ``build_policy`` and, for
+routers that look ahead, an estimator from :func:`~balanceroute.predict.factory.build_estimator`
+(a loaded model; or one fitted on ``--history``; or a prediction service with the local one as
+its fallback). The policy holds a :class:`Handle` on its estimator, never the model itself, so
+``POST /admin/reload`` swaps the model between two decisions without rebuilding the policy,
+and a request that left without finishing (its client went away, its rank failed) leaves the
+policy through ``on_complete`` without being learned from (a truncated length is not an output
+length).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Self
+
+import pandas as pd
+
+from balanceroute.features.errors import UserError
+from balanceroute.predict.base import (
+    CompletedBatch,
+    CompletionEstimator,
+    Fitting,
+    Prediction,
+    RunningBatch,
+)
+from balanceroute.predict.factory import EstimatorSpec, build_estimator
+from balanceroute.predict.registry import estimator_class, estimator_names
+from balanceroute.predict.remote import RemoteEstimator, preflight
+from balanceroute.router.policy import Policy
+from balanceroute.router.registry import OFFLINE_ONLY
+from balanceroute.router.specs import RouterSpec, parse_arms
+from balanceroute.serving.gateway.settings import GatewaySettings
+
+DEFAULT_HORIZON = 80
+
+
+class Handle(CompletionEstimator):
+    """A stable estimator for a policy: predictions from ``model`` (swappable), online updates
+    to it unless ``muted``."""
+
+    fitting = Fitting.NONE
+
+    def __init__(self, model: CompletionEstimator) -> None:
+        super().__init__(horizon=model.horizon)
+        self.model = model
+        self.muted = False
+        self.fitted_ = True
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.model.name
+
+    @property
+    def provides_survival(self) -> bool:  # type: ignore[override]
+        return bool(self.model.provides_survival)
+
+    @property
+    def projection(self) -> str:  # type: ignore[override]
+        return self.model.projection
+
+    @property
+    def learns_online(self) -> bool:  # type: ignore[override]
+        return bool(self.model.learns_online)
+
+    def fit(self, history: pd.DataFrame | None = None) -> Self:
+        return self
+
+    def predict(self, batch: RunningBatch, *, survival: bool = False) -> Prediction:
+        return self.model.predict(batch, survival=survival)
+
+    def observe(self, completions: CompletedBatch) -> None:
+        if not self.muted:
+            self.model.observe(completions)
+
+    def stats(self) -> dict[str, Any]:
+        """The remote client's counters, when the model is one."""
+        stats = getattr(self.model, "stats", None)
+        return stats() if callable(stats) else {}
+
+
+@dataclass
+class Arm:
+    """One routing arm: its label (the spec as given), policy and estimator handle."""
+
+    label: str
+    spec: RouterSpec
+    policy: Policy
+    handle: Handle | None
+
+    def describe(self) -> dict[str, Any]:
+        est = self.spec.estimator
+        return {
+            "arm": self.label,
+            "router": self.spec.router,
+            "estimator": None if est is None else est.kind,
+            "model_uri": None if est is None else est.model_uri,
+            "options": dict(self.spec.options),
+        }
+
+    def swap(self, model: CompletionEstimator) -> None:
+        """Predict with ``model`` from the next decision on (a prediction service keeps
+        answering; ``model`` becomes its fallback)."""
+        assert self.handle is not None
+        current = self.handle.model
+        if isinstance(current, RemoteEstimator):
+            current.fallback = model
+        else:
+            self.handle.model = model
+
+
+def arm_specs(settings: GatewaySettings) -> list[RouterSpec]:
+    """The arms the settings name: ``arms``, or the one ``router`` with ``estimator``."""
+    if settings.arms is not None:
+        specs = parse_arms(settings.arms)
+        if settings.estimator is not None:
+            raise UserError("--estimator applies to --router; with --arms give each its estimator")
+    else:
+        spec = RouterSpec.parse(settings.router)
+        if settings.estimator is not None:
+            if ":" in settings.router.split("{", 1)[0]:
+                raise UserError("give the estimator in --router or in --estimator, not both")
+            est = EstimatorSpec.parse(settings.estimator)
+            spec = RouterSpec(spec.router, est, dict(spec.options), label=settings.router)
+        specs = [spec]
+    for spec in specs:
+        if spec.router in OFFLINE_ONLY:
+            raise UserError(f"router '{spec.router}' cannot run live: {OFFLINE_ONLY[spec.router]}")
+    return specs
+
+
+def make_estimator(
+    spec: EstimatorSpec, history: pd.DataFrame | None, horizon: int
+) -> CompletionEstimator:
+    """An estimator a live gateway can run: deployable, and loaded or fitted on ``history``."""
+    cls = estimator_class(spec.kind)
+    if not cls.deployable:
+        raise UserError(
+            f"estimator '{spec.kind}' reads the future of a trace and cannot run live; "
+            f"deployable ones: {', '.join(estimator_names(deployable=True))}"
+        )
+    if spec.needs_history and history is None:
+        raise UserError(
+            f"estimator '{spec.kind}' needs a model URI ({spec.kind}@models:/NAME@ALIAS or "
+            f"{spec.kind}@FILE.joblib) or --history TRACE to be fitted on"
+        )
+    return build_estimator(spec, history=history, horizon=horizon)
+
+
+def build_arm(spec: RouterSpec, settings: GatewaySettings, history: pd.DataFrame | None) -> Arm:
+    """One arm: its estimator (remote with a local fallback when a service URL is set) and a
+    fresh policy holding a handle on it."""
+    if spec.estimator is None:  # a router that does not look ahead
+        return Arm(spec.label, spec, spec.build_policy(), None)
+    horizon = spec.horizon or DEFAULT_HORIZON
+    model = make_estimator(spec.estimator, history, horizon)
+    if settings.estimator_url is not None:
+        preflight(settings.estimator_url)
+        model = RemoteEstimator(
+            settings.estimator_url, fallback=model, timeout_s=settings.estimator_timeout_s
+        )
+    handle = Handle(model)
+    return Arm(spec.label, spec, spec.build_policy(handle), handle)
+
+
+def build_arms(settings: GatewaySettings, history: pd.DataFrame | None = None) -> list[Arm]:
+    """Every arm of the settings, built (models loaded, fitted or reached) before serving."""
+    return [build_arm(spec, settings, history) for spec in arm_specs(settings)]
+
+
+def reload_model(arm: Arm) -> CompletionEstimator | None:
+    """A freshly loaded model for ``arm`` (its URI's alias re-resolved), or None when its
+    estimator has no model URI. Blocking: call it off the event loop, then :meth:`Arm.swap`."""
+    est = arm.spec.estimator
+    if arm.handle is None or est is None or est.model_uri is None:
+        return None
+    return build_estimator(est)

@@ -1,0 +1,105 @@
+"""The completion log: every request the gateway saw finish, in the canonical trace schema.
+
+``DIR/completions/part-<first arrival ms>-<n>.parquet``, one row a finished request with
+``request_id``, ``arrival_s``, ``prompt_tokens``, ``output_tokens``, ``prompt_key`` (the
+canonical columns, what ``balanceroute train --trace DIR/completions`` reads as it is) plus
+``rank``, ``arm``, ``queue_s`` (the wait in the gateway's pool) and ``finish_s``. Rows are buffered and a part is written whole, atomically,
+once the buffer holds about ``rotate_bytes`` or its oldest row is ``rotate_s`` old, and at
+shutdown. ``arrival_s`` counts seconds from the log's origin, kept in ``DIR/completions/log.json``
+so the parts of several gateway runs into one folder share one clock (the loaders bound arrival
+times, so epoch seconds would not do).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from balanceroute.features.errors import UserError
+from balanceroute.features.files import write_bytes, write_json
+
+ROW_BYTES = 48  # the fixed columns of one row; keys and ids add their lengths
+COLUMNS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", "prompt_key", "rank",
+           "arm", "queue_s", "finish_s")  # fmt: skip
+
+
+class CompletionLog:
+    """Buffered rows, written as Parquet parts (``folder`` None: nothing is kept)."""
+
+    def __init__(self, folder: str | Path | None, rotate_bytes: int, rotate_s: float) -> None:
+        self.folder = None if folder is None else Path(folder)
+        self.rotate_bytes = rotate_bytes
+        self.rotate_s = rotate_s
+        self.rows: dict[str, list[Any]] = {c: [] for c in COLUMNS}
+        self.bytes = 0
+        self.oldest: float | None = None
+        self.parts = 0
+        self.written = 0
+        self.origin = time.time()
+        if self.folder is not None:
+            self.origin = self._origin()
+
+    def _origin(self) -> float:
+        assert self.folder is not None
+        meta = self.folder / "log.json"
+        if meta.exists():
+            try:
+                return float(json.loads(meta.read_text())["origin_epoch_s"])
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise UserError(f"cannot read '{meta}': {exc}") from None
+        write_json(meta, {"origin_epoch_s": self.origin, "schema": list(COLUMNS)})
+        return self.origin
+
+    def add(
+        self,
+        request_id: str,
+        arrival_epoch_s: float,
+        prompt_tokens: int,
+        output_tokens: int,
+        prompt_key: str,
+        rank: int,
+        arm: str,
+        queue_s: float,
+        finish_epoch_s: float,
+    ) -> None:
+        """One finished request (``queue_s``: its wait in the gateway's pool)."""
+        if self.folder is None:
+            return
+        values = (request_id, arrival_epoch_s - self.origin, prompt_tokens, output_tokens,
+                  prompt_key, rank, arm, queue_s, finish_epoch_s - self.origin)  # fmt: skip
+        for name, value in zip(COLUMNS, values, strict=True):
+            self.rows[name].append(value)
+        self.bytes += ROW_BYTES + len(request_id) + len(prompt_key) + len(arm)
+        if self.oldest is None:
+            self.oldest = time.monotonic()
+
+    def due(self) -> bool:
+        """Whether the buffer should become a part now (size or age)."""
+        if self.oldest is None:
+            return False
+        return self.bytes >= self.rotate_bytes or time.monotonic() - self.oldest >= self.rotate_s
+
+    def take(self) -> tuple[Path, pa.Table] | None:
+        """The buffered rows as a table and the part's path (buffer reset); None if empty."""
+        if self.folder is None or not self.rows["request_id"]:
+            return None
+        rows, self.rows = self.rows, {c: [] for c in COLUMNS}
+        self.bytes, self.oldest = 0, None
+        first_ms = int((self.origin + min(rows["arrival_s"])) * 1e3)
+        path = self.folder / f"part-{first_ms:013d}-{self.parts:05d}.parquet"
+        self.parts += 1
+        self.written += len(rows["request_id"])
+        return path, pa.table(rows)
+
+
+def write_part(path: Path, table: pa.Table) -> None:
+    """Write one part whole or not at all (blocking: run it off the event loop)."""
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    write_bytes(path, buf.getvalue())

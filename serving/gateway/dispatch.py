@@ -1,0 +1,229 @@
+"""The decision loop: the configured policy on the live state, on every arrival, every finished
+stream and every tick.
+
+A decision tells the active policy which requests left since the last one (``on_complete``,
+before any of their positions is reused; a request that did not finish normally leaves with its
+estimator muted), asks it for the admissions due (``route``, timed), checks them with the
+simulator's own invariants (:func:`~balanceroute.router.admission.admission_violation`) and
+resolves each admitted request's future with its rank; the request's handler then forwards it.
+Decisions run on the event loop, between two relayed chunks, so the state never changes under
+a policy. Arms switch at window boundaries (:class:`Switchback`): the incoming policy is
+``reset`` once per activation; every arm's estimator learns from every completion (the active
+one through ``on_complete``, the others directly), so no arm is starved of data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+
+import numpy as np
+
+from balanceroute.predict.base import CompletedBatch
+from balanceroute.router.admission import admission_violation
+from balanceroute.router.policy import RunContext
+from balanceroute.serving.gateway.arms import Arm
+from balanceroute.serving.gateway.metrics import GatewayMetrics
+from balanceroute.serving.gateway.state import Departure, LiveGroup
+from balanceroute.serving.gateway.switchback import Switchback
+
+log = logging.getLogger("balanceroute.gateway")
+STEP_SAMPLES = 100_000
+TICK_SAMPLES = 2_000_000
+
+
+class Dispatcher:
+    """Admits waiting requests with the active arm's policy; one per gateway."""
+
+    def __init__(
+        self,
+        group: LiveGroup,
+        arms: list[Arm],
+        switchback: Switchback,
+        metrics: GatewayMetrics,
+        *,
+        seed: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.group = group
+        self.arms = {a.label: a for a in arms}
+        self.switchback = switchback
+        self.metrics = metrics
+        self.seed = seed
+        self.clock = clock
+        self.active: Arm | None = None
+        self.activations = 0
+        self.waiters: dict[int, asyncio.Future[int]] = {}
+        self.step_ns: dict[str, deque[int]] = {a: deque(maxlen=STEP_SAMPLES) for a in self.arms}
+        self.violations = 0
+        self._scheduled = False
+        self._fallbacks: dict[str, int] = dict.fromkeys(self.arms, 0)
+        # (epoch s, pool size, imbalance, arm) every tick, written to OUT/ticks.parquet
+        self.ticks: deque[tuple[float, int, float, str]] = deque(maxlen=TICK_SAMPLES)
+
+    # ---- requests -------------------------------------------------------------------------
+    def waiter(self, position: int) -> asyncio.Future[int]:
+        """The future the decision loop resolves with ``position``'s rank."""
+        fut = asyncio.get_running_loop().create_future()
+        self.waiters[position] = fut
+        return fut
+
+    def forget(self, position: int) -> None:
+        self.waiters.pop(position, None)
+
+    def wake(self) -> None:
+        """Decide soon (calls coalesce into one decision per event-loop pass)."""
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._scheduled_decision)
+
+    def _scheduled_decision(self) -> None:
+        self._scheduled = False
+        self.decide()
+
+    # ---- the decision ---------------------------------------------------------------------
+    def _activate(self, now: float) -> Arm:
+        arm = self.arms[self.switchback.current(now).arm]
+        if arm is not self.active:
+            g = self.group
+            arm.policy.reset(RunContext(g.ranks, g.slots, g.table, seed=self.seed))
+            if self.active is not None:
+                self.metrics.arm.labels(self.active.label).set(0)
+            self.metrics.arm.labels(arm.label).set(1)
+            self.active = arm
+            self.activations += 1
+            log.info("arm %s routes from now on", arm.label)
+        return arm
+
+    def _tell_departures(self, arm: Arm, now: float) -> None:
+        deps = self.group.take_departures()
+        if not deps:
+            return
+        it = self.group.iteration
+        learned = [d for d in deps if d.learn]
+        unlearned = [d for d in deps if not d.learn]
+        for batch, mute in ((learned, False), (unlearned, True)):
+            if not batch:
+                continue
+            pos, out = _columns(batch)
+            if arm.handle is not None:
+                arm.handle.muted = mute
+            try:
+                arm.policy.on_complete(pos, out, now, it)
+            except Exception:  # the positions must still be freed: say it, carry on
+                log.exception("arm %s: on_complete failed", arm.label)
+            finally:
+                if arm.handle is not None:
+                    arm.handle.muted = False
+        if learned:
+            self._teach_others(arm, learned, now)
+        self.group.release(deps)
+
+    def _teach_others(self, active: Arm, learned: list[Departure], now: float) -> None:
+        others = [a for a in self.arms.values() if a is not active and a.handle is not None]
+        if not others:
+            return
+        pos, out = _columns(learned)
+        table = self.group.table
+        batch = CompletedBatch(
+            prompt_tokens=table.prompt_tokens[pos].copy(),
+            output_tokens=out,
+            prompt_key=table.prompt_key[pos].copy(),
+            time_s=np.full(pos.shape[0], now),
+        )
+        for arm in others:
+            if arm.handle is not None and arm.handle.learns_online:
+                arm.handle.observe(batch)
+
+    def decide(self) -> int:
+        """One decision now; returns how many requests it admitted."""
+        now = self.clock()
+        arm = self._activate(now)
+        self._tell_departures(arm, now)
+        group = self.group
+        state = group.snapshot(now)
+        due = state.admissions_due
+        if due == 0:
+            return 0
+        t0 = time.perf_counter_ns()
+        adm = arm.policy.route(state)
+        took = time.perf_counter_ns() - t0
+        self.step_ns[arm.label].append(took)
+        self.metrics.step.labels(arm.label).observe(took * 1e-9)
+        self.metrics.decisions.labels(arm.label).inc()
+        positions, ranks = adm.positions.tolist(), adm.workers.tolist()
+        order = group.pool.order
+        problem = admission_violation(
+            positions,
+            ranks,
+            due=due,
+            free=state.free_slots.tolist(),
+            maximal=bool(arm.policy.maximal),
+            waiting=lambda p: p in order,
+        )
+        if problem is not None:  # a policy bug: never crash the gateway, say it loudly
+            self.violations += 1
+            log.error("arm %s broke an admission invariant: %s", arm.label, problem)
+            return 0
+        group.pool.passed(positions)
+        for p, g in zip(positions, ranks, strict=True):
+            group.start(p, g)
+            fut = self.waiters.pop(p, None)
+            if fut is not None and not fut.done():
+                fut.set_result(g)
+        self.metrics.admitted.labels(arm.label).inc(len(positions))
+        return len(positions)
+
+    # ---- the tick -------------------------------------------------------------------------
+    def sample(self) -> float:
+        """Per-rank loads and the live imbalance (max minus mean load) into the metrics."""
+        now = self.clock()
+        group = self.group
+        loads = group.loads()
+        imbalance = float(loads.max() - loads.mean()) if loads.size else 0.0
+        m = self.metrics
+        label = self.active.label if self.active is not None else ""
+        m.imbalance.labels(label).observe(imbalance)
+        m.pool.set(group.pool.size)
+        for g in range(group.ranks):
+            m.load.labels(str(g)).set(float(loads[g]))
+            m.running.labels(str(g)).set(int(group.inflight[g]))
+        self.switchback.sample(imbalance, now)
+        self.ticks.append((time.time(), group.pool.size, imbalance, label))
+        self._count_fallbacks()
+        return imbalance
+
+    def _count_fallbacks(self) -> None:
+        for label, arm in self.arms.items():
+            if arm.handle is None:
+                continue
+            fell = int(arm.handle.stats().get("remote_fallbacks", 0) or 0)
+            if fell > self._fallbacks[label]:
+                self.metrics.fallbacks.labels(label).inc(fell - self._fallbacks[label])
+                self._fallbacks[label] = fell
+
+    async def run(self, tick_s: float) -> None:
+        """Decide and sample every ``tick_s`` until cancelled."""
+        while True:
+            await asyncio.sleep(tick_s)
+            try:
+                self.decide()
+                self.sample()
+            except Exception:  # a bug must not stop the loop that admits every request
+                log.exception("decision tick failed")
+
+    def step_p50_us(self) -> dict[str, float | None]:
+        """Median router step per arm, in microseconds."""
+        return {
+            a: (float(np.median(np.asarray(v))) / 1e3 if v else None)
+            for a, v in self.step_ns.items()
+        }
+
+
+def _columns(batch: list[Departure]) -> tuple[np.ndarray, np.ndarray]:
+    pos = np.fromiter((d.position for d in batch), dtype=np.int64, count=len(batch))
+    out = np.fromiter((d.output_tokens for d in batch), dtype=np.int64, count=len(batch))
+    return pos, out

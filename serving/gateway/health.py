@@ -1,0 +1,91 @@
+"""Rank health: ``GET /health`` of every rank on an interval; a rank that fails leaves the
+rotation (no free slots, so no admissions) and comes back when it answers 200 again.
+
+A forwarding failure marks its rank suspect at once and checks it without waiting for the next
+round. In header mode the ranks share one upstream: its health is theirs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import aiohttp
+
+from balanceroute.serving.gateway.metrics import GatewayMetrics
+from balanceroute.serving.gateway.settings import GatewaySettings
+from balanceroute.serving.gateway.state import LiveGroup
+
+log = logging.getLogger("balanceroute.gateway")
+CHECK_TIMEOUT_S = 2.0
+
+
+class RankHealth:
+    """Health checks of every rank; ``group.healthy`` is what admissions see."""
+
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        group: LiveGroup,
+        metrics: GatewayMetrics,
+        on_recover: Callable[[], None],
+    ) -> None:
+        self.settings = settings
+        self.group = group
+        self.metrics = metrics
+        self.on_recover = on_recover
+        self.session: aiohttp.ClientSession | None = None
+        self._poke = asyncio.Event()
+        self.last_error: dict[int, str] = {}
+        for g in range(group.ranks):
+            metrics.healthy.labels(str(g)).set(1)
+
+    def _ranks_of(self, rank: int) -> range | list[int]:
+        return range(self.group.ranks) if self.settings.rank_header is not None else [rank]
+
+    def _set(self, rank: int, ok: bool, why: str = "") -> None:
+        for g in self._ranks_of(rank):
+            was = bool(self.group.healthy[g])
+            self.group.healthy[g] = ok
+            self.metrics.healthy.labels(str(g)).set(int(ok))
+            if ok and not was:
+                log.warning("rank %d is healthy again: back in rotation", g)
+                self.last_error.pop(g, None)
+                self.on_recover()
+            elif not ok and was:
+                log.warning("rank %d left the rotation: %s", g, why)
+                self.last_error[g] = why
+
+    def suspect(self, rank: int, why: str) -> None:
+        """A forwarding failure: out of rotation now, checked again at once."""
+        self._set(rank, False, why)
+        self._poke.set()
+
+    async def check(self, rank: int) -> None:
+        url = self.settings.rank_url(rank) + "/health"
+        assert self.session is not None
+        try:
+            timeout = aiohttp.ClientTimeout(total=CHECK_TIMEOUT_S)
+            async with self.session.get(url, timeout=timeout) as resp:
+                await resp.read()
+                ok, why = resp.status == 200, f"GET /health answered {resp.status}"
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            ok, why = False, f"GET /health failed: {type(exc).__name__}: {exc}"
+        self._set(rank, ok, why)
+
+    async def check_all(self) -> None:
+        ranks = [0] if self.settings.rank_header is not None else range(self.group.ranks)
+        await asyncio.gather(*(self.check(g) for g in ranks))
+
+    async def run(self, session: aiohttp.ClientSession) -> None:
+        """Check every interval (and at once after a suspected failure) until cancelled."""
+        self.session = session
+        while True:
+            await self.check_all()
+            self._poke.clear()
+            try:
+                await asyncio.wait_for(self._poke.wait(), self.settings.health_interval_s)
+                await asyncio.sleep(0.05)  # let a burst of failures settle first
+            except TimeoutError:
+                pass

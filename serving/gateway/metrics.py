@@ -1,0 +1,77 @@
+"""The gateway's Prometheus metrics (``GET /metrics``), names prefixed ``balanceroute_gateway_``.
+
+Per rank: running requests, KV load, health. The group: live imbalance (max minus mean of the
+per-rank loads, every tick) as a histogram, pool size, admission wait, TTFT and TPOT seen at the
+gateway, decisions and router step time, prediction fallbacks, re-routes and requests by outcome;
+everything the arms change is labelled by arm.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+P = "balanceroute_gateway_"
+TIME_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0,
+                2.5, 5.0, 10.0, 30.0, 60.0, 120.0)  # fmt: skip
+STEP_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05,
+                0.1)  # fmt: skip
+LOAD_BUCKETS = tuple(float(x) for x in (0, 100, 250, 500, 1e3, 2.5e3, 5e3, 1e4, 2.5e4, 5e4, 1e5,
+                                        2.5e5, 5e5, 1e6))  # fmt: skip
+
+
+class GatewayMetrics:
+    """The collectors, in a registry of their own (one per app)."""
+
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.running = Gauge(
+            P + "rank_running_requests", "requests in flight", ["rank"], registry=r
+        )
+        self.load = Gauge(P + "rank_kv_load_tokens", "KV tokens tracked", ["rank"], registry=r)
+        self.healthy = Gauge(P + "rank_healthy", "1 while in rotation", ["rank"], registry=r)
+        self.imbalance = Histogram(
+            P + "imbalance_tokens",
+            "max minus mean of the per-rank KV loads, sampled every tick",
+            ["arm"],
+            buckets=LOAD_BUCKETS,
+            registry=r,
+        )
+        self.pool = Gauge(P + "pool_size", "requests waiting in the gateway's pool", registry=r)
+        self.wait = Histogram(
+            P + "admission_wait_seconds",
+            "arrival at the gateway to forward",
+            ["arm"],
+            buckets=TIME_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            P + "ttft_seconds", "arrival to first token", ["arm"], buckets=TIME_BUCKETS, registry=r
+        )
+        self.tpot = Histogram(
+            P + "tpot_seconds",
+            "time per output token after the first",
+            ["arm"],
+            buckets=TIME_BUCKETS,
+            registry=r,
+        )
+        self.decisions = Counter(P + "decisions", "routing calls", ["arm"], registry=r)
+        self.step = Histogram(
+            P + "router_step_seconds",
+            "time of one routing call (policy.route)",
+            ["arm"],
+            buckets=STEP_BUCKETS,
+            registry=r,
+        )
+        self.admitted = Counter(P + "admissions", "requests forwarded", ["arm"], registry=r)
+        self.fallbacks = Counter(
+            P + "prediction_fallbacks",
+            "predictions answered by the local fallback (prediction service down or slow)",
+            ["arm"],
+            registry=r,
+        )
+        self.reroutes = Counter(
+            P + "reroutes", "requests sent back to the pool by a failed rank", ["rank"], registry=r
+        )
+        self.outcomes = Counter(P + "requests", "requests by outcome", ["outcome"], registry=r)
+        self.reloads = Counter(P + "reloads", "model reloads by outcome", ["outcome"], registry=r)
+        self.arm = Gauge(P + "active_arm", "1 for the arm routing now", ["arm"], registry=r)

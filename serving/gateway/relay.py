@@ -1,0 +1,415 @@
+"""One request through the gateway: wait in the pool, forward to the chosen rank, relay the
+stream back, count its tokens, and leave the group exactly once.
+
+The upstream request always streams, with ``stream_options`` asking for usage in every chunk
+(vLLM's ``continuous_usage_stats``; SGLang accepts it too); what the client did not ask for is
+stripped before relaying (the per-chunk usage, the final usage chunk), everything else is relayed
+as the rank sent it, event by event. A request's age is the rank's cumulative
+``usage.completion_tokens`` when it sends one, else the number of token chunks. A non-streaming
+client gets the assembled answer once the stream ends.
+
+Faults. Until the first token has been relayed the client has seen nothing, so a rank that
+fails then (connection refused or broken, a 5xx or 429 answer, the stream ending early) is taken
+out of rotation and the request goes back to the head of the pool, to be routed again (at most
+``max_attempts`` ranks); a rank's 4xx is the client's answer and is relayed. After the first
+token the client gets an SSE error event and ``[DONE]``. A client that disconnects cancels the
+upstream request (its connection is closed, which aborts it on the rank) and frees the slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from balanceroute.serving.gateway.runtime import Gateway
+
+DONE = b"data: [DONE]\n\n"
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+]
+RETRY, FINISHED = "retry", "finished"
+
+
+class UpstreamBroke(Exception):
+    """The rank's stream ended without ``[DONE]``."""
+
+
+@dataclass
+class LiveRequest:
+    """A request as the gateway handles it."""
+
+    request_id: str
+    path: str
+    chat: bool
+    body: dict[str, Any]
+    stream: bool
+    usage: bool  # the client asked for the final usage chunk
+    continuous: bool  # the client asked for usage in every chunk
+    prompt_tokens: int
+    prompt_key: str
+    arrival: float  # monotonic
+    arrival_epoch: float
+    position: int
+    admitted: asyncio.Future[int]  # resolved with the rank by the decision loop
+    finished: bool = False
+    queue_s: float = 0.0  # arrival to the last forward
+
+
+@dataclass
+class Stream:
+    """What one attempt has received so far."""
+
+    chunks: int = 0
+    usage_completion: int = -1
+    usage_prompt: int = -1
+    finish_reason: str | None = None
+    first_t: float | None = None
+    last_t: float | None = None
+    done: bool = False
+    held: list[bytes] = field(default_factory=list)  # events not yet relayed
+    texts: dict[int, list[str]] = field(default_factory=dict)  # non-streaming clients
+    reasons: dict[int, str | None] = field(default_factory=dict)
+    model: str | None = None
+    rid: str | None = None
+    created: int | None = None
+
+    @property
+    def tokens(self) -> int:
+        return self.usage_completion if self.usage_completion >= 0 else self.chunks
+
+
+def _token_text(choice: dict[str, Any]) -> str | None:
+    """The text a chunk's choice carries (None: not a token chunk)."""
+    if "text" in choice:
+        return choice["text"]
+    delta = choice.get("delta")
+    if not delta:
+        return None
+    content = delta.get("content")
+    if content is None or (content == "" and "role" in delta):
+        return None
+    return content
+
+
+def upstream_body(body: dict[str, Any]) -> bytes:
+    """The body sent to the rank: streaming, usage in every chunk."""
+    out = dict(body)
+    out["stream"] = True
+    options = dict(out.get("stream_options") or {})
+    options.update(include_usage=True, continuous_usage_stats=True)
+    out["stream_options"] = options
+    return orjson.dumps(out)
+
+
+class Relay(Response):
+    """Runs one request to the end: the handler's response, an ASGI app of its own, so a
+    disconnect is seen at once (it sends its own status and headers)."""
+
+    def __init__(self, gw: Gateway, req: LiveRequest) -> None:
+        self.status_code = 200
+        self.background = None
+        self.raw_headers = []
+        self.gw = gw
+        self.req = req
+        self.started = False  # a token (and the response start) reached the client
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        work = asyncio.ensure_future(self.run(send))
+        watch = asyncio.ensure_future(_disconnected(receive))
+        try:
+            await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if not work.done():  # the client went away
+                work.cancel()
+                self.gw.metrics.outcomes.labels("cancelled").inc()
+            try:
+                await work
+            except asyncio.CancelledError:
+                if not watch.done():
+                    raise
+        finally:
+            watch.cancel()
+            self._leave_if_needed()
+
+    def _leave_if_needed(self) -> None:
+        """However the request ended, its position leaves the pool or its rank once."""
+        req, gw = self.req, self.gw
+        if req.finished:
+            return
+        req.finished = True
+        gw.dispatcher.forget(req.position)
+        group = gw.group
+        if req.position in group.pool.order:
+            group.abandon(req.position)
+        elif group.rank[req.position] >= 0:
+            group.leave(req.position, int(group.age[req.position]), learn=False)
+            gw.dispatcher.wake()
+
+    # ---- the request's life ---------------------------------------------------------------
+    async def run(self, send: Send) -> None:
+        gw, req = self.gw, self.req
+        body = upstream_body(req.body)
+        for attempt in range(gw.settings.max_attempts):
+            rank = await req.admitted
+            now = gw.clock()
+            wait = req.queue_s = now - req.arrival
+            gw.metrics.wait.labels(gw.arm_label).observe(wait)
+            gw.switchback.admitted(wait, now)
+            outcome = await self.forward(rank, body, send)
+            if outcome == FINISHED:
+                return
+            gw.metrics.reroutes.labels(str(rank)).inc()
+            if attempt + 1 == gw.settings.max_attempts:
+                break
+            new = gw.group.requeue(req.position)
+            if new is None:
+                break
+            gw.dispatcher.forget(req.position)
+            req.position = new
+            req.admitted = gw.dispatcher.waiter(new)
+            gw.dispatcher.wake()
+        self._fail_before_start()
+        await _send_error(
+            send, 502, f"no rank could serve the request after {attempt + 1} attempts"
+        )
+
+    def _fail_before_start(self) -> None:
+        self._leave_if_needed()
+        self.gw.metrics.outcomes.labels("failed").inc()
+
+    async def forward(self, rank: int, body: bytes, send: Send) -> str:
+        """One attempt on ``rank``: FINISHED (answered, well or not) or RETRY (nothing reached
+        the client and the rank failed)."""
+        gw, req = self.gw, self.req
+        url = gw.settings.rank_url(rank) + req.path
+        headers = gw.upstream_headers(rank, req.request_id)
+        st = Stream()
+        try:
+            async with gw.session.post(url, data=body, headers=headers) as resp:
+                if resp.status != 200:
+                    content = await resp.read()
+                    if resp.status >= 500 or resp.status == 429:
+                        gw.health.suspect(rank, f"answered {resp.status}")
+                        return RETRY
+                    self._leave_if_needed()
+                    gw.metrics.outcomes.labels("rank_refused").inc()
+                    kind = resp.headers.get("content-type", "application/json")
+                    await _send_whole(send, resp.status, content, kind)
+                    return FINISHED
+                await self._relay(resp, st, send)
+        except (aiohttp.ClientError, OSError, TimeoutError, UpstreamBroke) as exc:
+            if st.first_t is None:  # the rank produced nothing: known not to have started
+                gw.health.suspect(rank, f"{type(exc).__name__}: {exc}")
+                return RETRY
+            self._leave_if_needed()
+            gw.metrics.outcomes.labels("broken").inc()
+            message = f"rank {rank} failed after the first token ({type(exc).__name__})"
+            if self.started:
+                await _send_event_error(send, message)
+            else:
+                await _send_error(send, 502, message)
+            return FINISHED
+        await self._finish(rank, st, send)
+        return FINISHED
+
+    async def _relay(self, resp: aiohttp.ClientResponse, st: Stream, send: Send) -> None:
+        buf = b""
+        async for data in resp.content.iter_any():
+            buf += data
+            if b"\n\n" not in buf:
+                continue
+            *events, buf = buf.split(b"\n\n")
+            now = self.gw.clock()
+            before = st.tokens
+            out = [b for ev in events if (b := self._event(ev, st, now)) is not None]
+            if st.tokens > before:
+                self._progress(st, st.tokens - before, now)
+            if self.req.stream:
+                if self.started:
+                    if out:
+                        await send(
+                            {"type": "http.response.body", "body": b"".join(out), "more_body": True}
+                        )
+                else:
+                    st.held.extend(out)
+                    if st.first_t is not None:
+                        await self._start_stream(send, st)
+            if st.done:
+                return
+        raise UpstreamBroke("the stream ended before data: [DONE]")
+
+    def _event(self, event: bytes, st: Stream, now: float) -> bytes | None:
+        """Count one SSE event; what to relay of it (None: nothing)."""
+        text = event.strip()
+        if not text.startswith(b"data:"):
+            return event + b"\n\n" if text else None
+        payload = text[5:].strip()
+        if payload == b"[DONE]":
+            st.done = True
+            return DONE
+        if (
+            self.req.stream
+            and st.model is not None
+            and b'"finish_reason":null' in payload
+            and b'"usage"' not in payload
+            and b'"error"' not in payload
+            and not (self.req.chat and b'"role"' in payload)
+        ):  # a plain token chunk (one choice, n = 1): counted without parsing it
+            st.chunks += 1
+            st.last_t = now
+            if st.first_t is None:
+                st.first_t = now
+            return event + b"\n\n"
+        obj = orjson.loads(payload)
+        if obj.get("error"):
+            raise UpstreamBroke(f"error event: {str(obj['error'])[:200]}")
+        usage = obj.get("usage")
+        choices = obj.get("choices") or []
+        if st.model is None:
+            st.model, st.rid, st.created = obj.get("model"), obj.get("id"), obj.get("created")
+        for choice in choices:
+            piece = _token_text(choice)
+            if piece is not None:
+                st.chunks += 1
+                if st.first_t is None:
+                    st.first_t = now
+                st.last_t = now
+                if not self.req.stream:
+                    st.texts.setdefault(choice.get("index", 0), []).append(piece)
+            reason = choice.get("finish_reason")
+            if reason is not None:
+                st.finish_reason = reason
+                st.reasons[choice.get("index", 0)] = reason
+        if usage:
+            st.usage_completion = int(usage.get("completion_tokens") or 0)
+            st.usage_prompt = int(usage.get("prompt_tokens") or 0)
+        if not self.req.stream:
+            return None
+        if not choices and usage is not None:  # the final usage chunk
+            return event + b"\n\n" if self.req.usage else None
+        if "usage" in obj and not self.req.continuous:
+            del obj["usage"]
+            return b"data: " + orjson.dumps(obj) + b"\n\n"
+        return event + b"\n\n"
+
+    def _progress(self, st: Stream, new: int, now: float) -> None:
+        gw, pos = self.gw, self.req.position
+        gw.group.advance(pos, st.tokens)
+        if st.usage_prompt > 0:
+            gw.group.correct_prompt(pos, st.usage_prompt)
+        gw.switchback.tokens(new, now)
+
+    async def _start_stream(self, send: Send, st: Stream) -> None:
+        headers = [
+            *SSE_HEADERS,
+            (b"x-request-id", self.req.request_id.encode("latin-1", "replace")),
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        self.started = True
+        body, st.held = b"".join(st.held), []
+        if body:
+            await send({"type": "http.response.body", "body": body, "more_body": True})
+
+    async def _finish(self, rank: int, st: Stream, send: Send) -> None:
+        gw, req = self.gw, self.req
+        now = gw.clock()
+        if st.first_t is None:  # no token at all (max_tokens reached at once?): still an answer
+            st.first_t = st.last_t = now
+        tokens = max(1, st.tokens)
+        prompt = st.usage_prompt if st.usage_prompt > 0 else req.prompt_tokens
+        ttft = st.first_t - req.arrival
+        tpot = (st.last_t - st.first_t) / (tokens - 1) if tokens > 1 else None
+        arm = gw.arm_label
+        gw.metrics.ttft.labels(arm).observe(ttft)
+        if tpot is not None:
+            gw.metrics.tpot.labels(arm).observe(tpot)
+            gw.switchback.finished(tpot, now)
+        gw.metrics.outcomes.labels("completed").inc()
+        gw.log.add(req.request_id, req.arrival_epoch, prompt, tokens, req.prompt_key, rank, arm,
+                   req.queue_s, time.time())  # fmt: skip
+        req.finished = True
+        gw.dispatcher.forget(req.position)
+        gw.group.leave(req.position, tokens, learn=True)
+        gw.dispatcher.wake()
+        if req.stream:
+            if not self.started:
+                await self._start_stream(send, st)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return
+        await _send_whole(
+            send, 200, orjson.dumps(self._assembled(st, prompt, tokens)), "application/json"
+        )
+
+    def _assembled(self, st: Stream, prompt: int, tokens: int) -> dict[str, Any]:
+        """The non-streaming answer from the streamed chunks."""
+        chat = self.req.chat
+        choices = []
+        for index in sorted(set(st.texts) | set(st.reasons)):
+            text = "".join(st.texts.get(index, []))
+            choice: dict[str, Any] = {"index": index, "logprobs": None}
+            if chat:
+                choice["message"] = {"role": "assistant", "content": text}
+            else:
+                choice["text"] = text
+            choice["finish_reason"] = st.reasons.get(index)
+            choices.append(choice)
+        rid = st.rid or f"{'chatcmpl' if chat else 'cmpl'}-{self.req.request_id}"
+        return {
+            "id": rid,
+            "object": "chat.completion" if chat else "text_completion",
+            "created": st.created or int(time.time()),
+            "model": st.model,
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": prompt,
+                "total_tokens": prompt + tokens,
+                "completion_tokens": tokens,
+            },
+        }
+
+
+async def _disconnected(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _send_whole(send: Send, status: int, body: bytes, content_type: str) -> None:
+    headers = [
+        (b"content-type", content_type.encode("latin-1")),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def error_body(status: int, message: str) -> bytes:
+    """The OpenAI (and vLLM) error body."""
+    kind = {429: "RateLimitError", 502: "BadGatewayError", 503: "ServiceUnavailableError"}
+    return orjson.dumps(
+        {
+            "error": {
+                "message": message,
+                "type": kind.get(status, "APIError"),
+                "param": None,
+                "code": status,
+            }
+        }
+    )
+
+
+async def _send_error(send: Send, status: int, message: str) -> None:
+    await _send_whole(send, status, error_body(status, message), "application/json")
+
+
+async def _send_event_error(send: Send, message: str) -> None:
+    body = b"data: " + error_body(502, message) + b"\n\n" + DONE
+    await send({"type": "http.response.body", "body": body, "more_body": False})

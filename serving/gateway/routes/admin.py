@@ -1,0 +1,35 @@
+"""Operator endpoints (bearer token): model reload and the switchback's figures."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from fastapi import APIRouter, HTTPException, Request
+
+from balanceroute.features.errors import UserError
+from balanceroute.serving.auth import Authorized
+
+router = APIRouter(tags=["admin"], dependencies=[Authorized])
+
+
+@router.post("/admin/reload")
+async def reload(request: Request) -> dict:
+    """Re-resolve every arm's model URI and swap what loads and passes its health check, between
+    two decisions (no request is dropped); a failed load keeps the old model."""
+    results = await request.app.state.gateway.reload()
+    return {"results": [asdict(r) for r in results]}
+
+
+@router.get("/v1/ab")
+async def ab(request: Request) -> dict:
+    """Per-arm figures and the paired intervals so far (finished windows)."""
+    return request.app.state.gateway.ab_summary()
+
+
+@router.post("/admin/ab")
+async def save_ab(request: Request) -> dict:
+    """Write ``OUT/ab/summary.json`` and ``report.md`` now (and log them to MLflow)."""
+    try:
+        return await request.app.state.gateway.save_ab()
+    except UserError as exc:
+        raise HTTPException(status_code=409, detail=str(exc)) from None

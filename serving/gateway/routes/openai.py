@@ -1,0 +1,120 @@
+"""The OpenAI-compatible front: ``POST /v1/completions``, ``POST /v1/chat/completions`` (streaming
+or not) and ``GET /v1/models`` (from a rank in rotation).
+
+A request is checked (:mod:`..schemas`), counted (prompt tokens and key, :mod:`..tokens`) and
+queued in the pool; a full pool answers 429 with ``Retry-After``. From then on
+:class:`~balanceroute.serving.gateway.relay.Relay` runs it.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import aiohttp
+import orjson
+from fastapi import APIRouter, Request, Response
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ValidationError
+
+from balanceroute.features.prompts import chat_text
+from balanceroute.serving.auth import Authorized
+from balanceroute.serving.gateway.relay import LiveRequest, Relay, error_body
+from balanceroute.serving.gateway.runtime import Gateway
+from balanceroute.serving.gateway.schemas import ChatBody, CompletionBody
+from balanceroute.serving.gateway.tokens import prompt_key
+
+router = APIRouter(tags=["openai"], dependencies=[Authorized])
+JSON = "application/json"
+
+
+async def _body(request: Request, model: type[BaseModel]) -> tuple[dict[str, Any], Any]:
+    """The posted JSON object and its checked view; a 422 naming each bad field otherwise."""
+    raw = await request.body()
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise RequestValidationError(
+            [{"type": "json_invalid", "loc": ("body",), "msg": f"invalid JSON: {exc}"}]
+        ) from None
+    if not isinstance(data, dict):
+        raise RequestValidationError(
+            [{"type": "model_type", "loc": ("body",), "msg": "the body must be a JSON object"}]
+        )
+    try:
+        return data, model.model_validate(data)
+    except ValidationError as exc:
+        errors = [{**e, "loc": ("body", *e.get("loc", ()))} for e in exc.errors()]
+        raise RequestValidationError(errors) from None
+
+
+def _queue(
+    gw: Gateway, request: Request, data: dict[str, Any], prompt: Any, body: Any, chat: bool
+) -> Response:
+    """Count the prompt, queue the request (429 when the pool is full) and hand it to a relay."""
+    tokens, _ = gw.counter.count(prompt)
+    key, key_hash = prompt_key(prompt)
+    group = gw.group
+    if group.pool.size >= gw.settings.max_pool or group.positions_free == 0:
+        gw.dispatcher.decide()  # a burst may fill the pool before the loop's next decision
+    if group.pool.size >= gw.settings.max_pool or group.positions_free == 0:
+        gw.metrics.outcomes.labels("rejected_pool_full").inc()
+        message = f"the gateway's pool is full ({group.pool.size} requests waiting); retry later"
+        return Response(error_body(429, message), 429, {"retry-after": "1"}, media_type=JSON)
+    position = group.arrive(tokens, key_hash, gw.clock())
+    assert position is not None  # positions_free was checked above
+    options = body.stream_options
+    req = LiveRequest(
+        request_id=request.headers.get("x-request-id") or f"gw-{uuid.uuid4().hex[:16]}",
+        path=request.url.path,
+        chat=chat,
+        body=data,
+        stream=body.stream,
+        usage=bool(options and options.include_usage),
+        continuous=bool(options and options.continuous_usage_stats),
+        prompt_tokens=tokens,
+        prompt_key=key,
+        arrival=float(group.arrival_s[position]),
+        arrival_epoch=time.time(),
+        position=position,
+        admitted=gw.dispatcher.waiter(position),
+    )
+    gw.metrics.outcomes.labels("accepted").inc()
+    gw.dispatcher.wake()
+    return Relay(gw, req)
+
+
+@router.post("/v1/completions")
+async def completions(request: Request) -> Response:
+    """OpenAI completions: one prompt (text or token ids), streaming or not."""
+    data, body = await _body(request, CompletionBody)
+    return _queue(request.app.state.gateway, request, data, body.single_prompt(), body, False)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    """OpenAI chat completions, streaming or not (the prompt is the messages' text)."""
+    data, body = await _body(request, ChatBody)
+    prompt = chat_text(data["messages"])
+    return _queue(request.app.state.gateway, request, data, prompt, body, True)
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> Response:
+    """The models the first rank in rotation lists (503 when none is)."""
+    gw: Gateway = request.app.state.gateway
+    for g in range(gw.group.ranks):
+        if not gw.group.healthy[g]:
+            continue
+        url = gw.settings.rank_url(g) + "/v1/models"
+        try:
+            timeout = aiohttp.ClientTimeout(total=gw.settings.connect_timeout_s)
+            async with gw.session.get(url, headers=gw.upstream_headers(g, "models"),
+                                      timeout=timeout) as resp:  # fmt: skip
+                content = await resp.read()
+                if resp.status == 200:
+                    return Response(content, 200, media_type=JSON)
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            continue
+    return Response(error_body(503, "no rank in rotation answers /v1/models"), 503, media_type=JSON)

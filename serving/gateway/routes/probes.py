@@ -1,0 +1,26 @@
+"""Probes, open to all: ``/healthz`` (the process is up), ``/readyz`` (a rank is in rotation)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+router = APIRouter(tags=["probes"])
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    """The process answers."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+async def readyz(request: Request) -> JSONResponse:
+    """200 while at least one rank is in rotation; 503 (naming the ranks out) otherwise."""
+    gw = request.app.state.gateway
+    healthy = gw.group.healthy
+    out = [f"rank {g}: {gw.health.last_error.get(g, 'unhealthy')}" for g in range(len(healthy))
+           if not healthy[g]]  # fmt: skip
+    if healthy.any():
+        return JSONResponse({"status": "ready", "detail": "; ".join(out) or None})
+    return JSONResponse({"status": "unavailable", "detail": "; ".join(out)}, status_code=503)

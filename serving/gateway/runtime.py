@@ -1,0 +1,229 @@
+"""Everything one gateway holds, wired together, and its life: start, reload, stop.
+
+The parts (each its own module): the live group and pool (:mod:`.state`), the decision loop
+(:mod:`.dispatch`), the arms and their estimators (:mod:`.arms`), the switchback
+(:mod:`.switchback`), rank health (:mod:`.health`), the completion log (:mod:`.completions`),
+metrics (:mod:`.metrics`) and prompt counting (:mod:`.tokens`). At shutdown ``OUT/ticks.parquet``
+keeps every tick's sample (epoch time, pool size, imbalance, arm): what the live benchmark aligns
+with the engine's iterations to tell when requests were waiting at the gateway. Requests themselves are run by
+:mod:`.relay`. Model reloads load off the event loop and swap between two decisions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pandas as pd
+import pyarrow as pa
+
+from balanceroute.features.errors import UserError
+from balanceroute.predict.base import CompletionEstimator
+from balanceroute.serving.gateway.arms import Arm, reload_model
+from balanceroute.serving.gateway.completions import CompletionLog, write_part
+from balanceroute.serving.gateway.dispatch import Dispatcher
+from balanceroute.serving.gateway.health import RankHealth
+from balanceroute.serving.gateway.metrics import GatewayMetrics
+from balanceroute.serving.gateway.results import save_switchback
+from balanceroute.serving.gateway.settings import GatewaySettings
+from balanceroute.serving.gateway.state import LiveGroup
+from balanceroute.serving.gateway.switchback import Switchback
+from balanceroute.serving.gateway.tokens import PromptCounter
+from balanceroute.serving.models import health_problem
+
+log = logging.getLogger("balanceroute.gateway")
+UPSTREAM_KEY_ENV = "BALANCEROUTE_UPSTREAM_API_KEY"
+TICK_COLUMNS = ("time_s", "pool", "imbalance", "arm")  # time_s: epoch seconds
+
+
+@dataclass
+class ReloadResult:
+    arm: str
+    status: str  # swapped | unchanged | failed
+    detail: str = ""
+
+
+class Gateway:
+    """The gateway's state and parts; one per app."""
+
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        arms: list[Arm],
+        counter: PromptCounter,
+        *,
+        upstream_key: str | None = None,
+    ) -> None:
+        self.settings = settings
+        self.arms = arms
+        self.counter = counter
+        self.upstream_key = upstream_key
+        self.clock = time.monotonic
+        self.metrics = GatewayMetrics()
+        self.group = LiveGroup.sized(settings.group, settings.slots, settings.max_pool)
+        self.switchback = Switchback(
+            [a.label for a in arms],
+            settings.switch_every_s,
+            settings.warmup,
+            settings.seed,
+            self.clock(),
+        )
+        self.dispatcher = Dispatcher(
+            self.group, arms, self.switchback, self.metrics, seed=settings.seed, clock=self.clock
+        )
+        self.health = RankHealth(settings, self.group, self.metrics, self.dispatcher.wake)
+        out = None if settings.out is None else Path(settings.out)
+        self.out = out
+        self.log = CompletionLog(
+            None if out is None else out / "completions", settings.rotate_bytes, settings.rotate_s
+        )
+        self._session: aiohttp.ClientSession | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._writes: list[asyncio.Future] = []
+        self.reload_lock = asyncio.Lock()
+        self.started_epoch = time.time()
+
+    # ---- what the relay needs -------------------------------------------------------------
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        assert self._session is not None, "the gateway has not started"
+        return self._session
+
+    @property
+    def arm_label(self) -> str:
+        active = self.dispatcher.active
+        return active.label if active is not None else self.arms[0].label
+
+    def upstream_headers(self, rank: int, request_id: str) -> dict[str, str]:
+        """Headers of a forwarded request: JSON, its id, the rank (header mode), the key."""
+        headers = {"content-type": "application/json", "x-request-id": request_id}
+        if self.settings.rank_header is not None:
+            headers[self.settings.rank_header] = str(rank)
+        if self.upstream_key:
+            headers["authorization"] = f"Bearer {self.upstream_key}"
+        return headers
+
+    # ---- life -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Open the upstream connections and start the tick, health checks and log writer."""
+        s = self.settings
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, force_close=False)
+        timeout = aiohttp.ClientTimeout(total=s.request_timeout_s, sock_connect=s.connect_timeout_s)
+        self._session = aiohttp.ClientSession(
+            connector=connector, timeout=timeout, auto_decompress=False
+        )
+        loop = asyncio.get_running_loop()
+        self.dispatcher.decide()  # activates the first arm
+        self._tasks = [
+            loop.create_task(self.dispatcher.run(s.tick_s), name="gateway-tick"),
+            loop.create_task(self.health.run(self._session), name="gateway-health"),
+            loop.create_task(self._rotate(), name="gateway-log"),
+        ]
+
+    async def _rotate(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            if self.log.due():
+                self._write_log()
+
+    def _write_log(self) -> None:
+        part = self.log.take()
+        if part is not None:
+            fut = asyncio.get_running_loop().run_in_executor(None, write_part, *part)
+            self._writes = [w for w in self._writes if not w.done()] + [fut]
+
+    async def stop(self) -> dict[str, Any] | None:
+        """Stop the loops, write the completion log and the switchback results."""
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._write_log()
+        if self.out is not None:
+            ticks = pd.DataFrame(list(self.dispatcher.ticks), columns=list(TICK_COLUMNS))
+            self._writes.append(
+                asyncio.get_running_loop().run_in_executor(
+                    None, write_part, self.out / "ticks.parquet", pa.Table.from_pandas(ticks)
+                )
+            )
+        if self._writes:
+            await asyncio.gather(*self._writes, return_exceptions=True)
+        saved = await self.save_ab() if self.out is not None else None
+        if self._session is not None:
+            await self._session.close()
+        return saved
+
+    # ---- the switchback -------------------------------------------------------------------
+    def config(self) -> dict[str, Any]:
+        """The resolved configuration, written next to the results."""
+        s = self.settings
+        return {
+            "ranks": s.group,
+            "slots": s.slots,
+            "rank_urls": s.ranks,
+            "rank_header": s.rank_header,
+            "arms": {a.label: a.describe() for a in self.arms},
+            "switch_every_s": s.switch_every_s,
+            "warmup_s": s.warmup,
+            "seed": s.seed,
+            "tick_s": s.tick_s,
+            "max_pool": s.max_pool,
+            "tokenizer": s.tokenizer,
+            "estimator_url": s.estimator_url,
+        }
+
+    def ab_summary(self) -> dict[str, Any]:
+        """The switchback so far, with each arm's router step p50 and the activations."""
+        summary = self.switchback.summary(self.clock())
+        steps = self.dispatcher.step_p50_us()
+        for arm, row in summary["per_arm"].items():
+            row["router_step_p50_us"] = steps.get(arm)
+        summary["activations"] = self.dispatcher.activations
+        summary["admission_violations"] = self.dispatcher.violations
+        return summary
+
+    async def save_ab(self) -> dict[str, Any]:
+        """``OUT/ab/summary.json`` and ``report.md`` now (and MLflow when tracking is on)."""
+        if self.out is None:
+            raise UserError("the gateway has no output folder (--out DIR)")
+        summary, config = self.ab_summary(), self.config()
+        track = self.settings.track and len(self.arms) > 1
+        return await asyncio.get_running_loop().run_in_executor(
+            None, lambda: save_switchback(summary, config, self.out / "ab", track=track)
+        )
+
+    # ---- reload ---------------------------------------------------------------------------
+    async def reload(self) -> list[ReloadResult]:
+        """Re-resolve every arm's model URI off the event loop; a model that loads and passes
+        its health check replaces the old one between two decisions; a failure keeps it."""
+        async with self.reload_lock:
+            out = []
+            loop = asyncio.get_running_loop()
+            for arm in self.arms:
+                try:
+                    fresh, problem = await loop.run_in_executor(None, _load_checked, arm)
+                except Exception as exc:  # a failed load keeps the old model
+                    fresh, problem = None, f"{type(exc).__name__}: {exc}"
+                if problem is not None:
+                    out.append(ReloadResult(arm.label, "failed", problem))
+                    self.metrics.reloads.labels("failed").inc()
+                elif fresh is None:
+                    out.append(ReloadResult(arm.label, "unchanged", "no model URI"))
+                else:
+                    arm.swap(fresh)  # on the event loop: between two decisions
+                    out.append(ReloadResult(arm.label, "swapped", fresh.name))
+                    self.metrics.reloads.labels("swapped").inc()
+            return out
+
+
+def _load_checked(arm: Arm) -> tuple[CompletionEstimator | None, str | None]:
+    """The arm's model loaded afresh and why it fails its health check (blocking)."""
+    fresh = reload_model(arm)
+    return fresh, None if fresh is None else health_problem(fresh)

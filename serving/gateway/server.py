@@ -1,0 +1,48 @@
+"""Build a gateway from its settings (blocking: models load, estimators fit, services are
+reached before anything listens) and serve it under uvicorn until SIGINT or SIGTERM."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+
+import pandas as pd
+import uvicorn
+
+from balanceroute.features.workload import WorkloadSpec, load_workload
+from balanceroute.serving.gateway.app import create_gateway_app
+from balanceroute.serving.gateway.arms import build_arms
+from balanceroute.serving.gateway.runtime import UPSTREAM_KEY_ENV, Gateway
+from balanceroute.serving.gateway.settings import GatewaySettings
+from balanceroute.serving.gateway.tokens import PromptCounter
+
+GRACEFUL_S = 5
+
+
+def build_gateway(settings: GatewaySettings) -> Gateway:
+    """Everything the settings name, checked and loaded (UserErrors for what is wrong)."""
+    counter = PromptCounter(settings.tokenizer)
+    history: pd.DataFrame | None = None
+    if settings.history is not None:
+        history, _ = load_workload(WorkloadSpec(trace=settings.history))
+    arms = build_arms(settings, history)
+    return Gateway(settings, arms, counter, upstream_key=os.environ.get(UPSTREAM_KEY_ENV) or None)
+
+
+def run_gateway(settings: GatewaySettings, gateway: Gateway | None = None) -> None:
+    """Serve until stopped; the lifespan's end writes the completion log and the A/B files."""
+    logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s:  %(message)s")
+    app = create_gateway_app(gateway or build_gateway(settings))
+    gc.collect()
+    gc.freeze()  # the models and imports live as long as the process: shorter GC pauses
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        access_log=settings.access_log,
+        http="httptools",
+        timeout_graceful_shutdown=GRACEFUL_S,
+        backlog=4096,
+    )

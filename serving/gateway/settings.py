@@ -1,0 +1,152 @@
+"""The gateway's configuration: one pydantic-settings class, from flags or ``BALANCEROUTE_*``.
+
+It extends :class:`~balanceroute.serving.settings.ServiceSettings` (listening, the bearer token,
+the Host and Origin allow-lists: the same rules as ``serve``) with the decode group behind it,
+the router or the switchback arms, the estimator, and the gateway's own bounds.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from pydantic import Field, field_validator, model_validator
+
+from balanceroute.serving.settings import ServiceSettings
+
+MAX_RANKS = 4096
+MAX_SLOTS = 65_536
+
+
+def check_rank_url(url: str) -> str:
+    """``url`` without a trailing slash if it is an http(s) base URL with a host; else a
+    ValueError naming it."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"rank URL '{url}': {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"rank URL '{url}' is not an http(s) URL such as http://127.0.0.1:8001")
+    if port is not None and not 1 <= port <= 65535:
+        raise ValueError(f"rank URL '{url}': port {port} is out of range 1..65535")
+    return url.rstrip("/")
+
+
+class GatewaySettings(ServiceSettings):
+    """Everything ``balanceroute gateway`` needs (``balanceroute gateway --help`` for the flags)."""
+
+    port: int = Field(default=8000, ge=0, le=65535, description="TCP port (0 = any free one)")
+    ranks: list[str] = Field(
+        min_length=1,
+        description="rank base URLs, one per data-parallel rank (URL mode), or the one upstream "
+        "URL with rank_header set (header mode)",
+    )
+    rank_header: str | None = Field(
+        default=None,
+        description="header mode: the header naming the chosen rank (vLLM: X-data-parallel-rank)",
+    )
+    group_size: int | None = Field(
+        default=None, ge=1, le=MAX_RANKS, description="header mode: ranks behind the upstream"
+    )
+    slots: int = Field(ge=1, le=MAX_SLOTS, description="B: requests in flight per rank at most")
+    router: str = Field(default="brh", description="router spec, as in simulate and ab")
+    estimator: str | None = Field(
+        default=None, description="KIND[@MODEL_URI] for the router (default: none)"
+    )
+    estimator_url: str | None = Field(
+        default=None, description="a prediction service (balanceroute serve) for the router"
+    )
+    estimator_timeout_s: float = Field(
+        default=0.01, gt=0, le=1, allow_inf_nan=False, description="budget of one remote call"
+    )
+    history: str | None = Field(
+        default=None, description="trace to fit estimators given without a model URI"
+    )
+    arms: str | None = Field(default=None, description="switchback arms, comma-separated specs")
+    switch_every_s: float = Field(
+        default=30.0, gt=0, le=86_400, allow_inf_nan=False, description="switchback window"
+    )
+    warmup_s: float | None = Field(
+        default=None,
+        ge=0,
+        allow_inf_nan=False,
+        description="start of each window left out of its figures (default: a quarter of it)",
+    )
+    seed: int = Field(default=0, ge=0, le=2**32 - 1, description="seed of the arm order")
+    tokenizer: str | None = Field(
+        default=None, description="a Hugging Face tokenizer.json for exact prompt counts"
+    )
+    max_pool: int = Field(
+        default=4096, ge=1, le=1_048_576, description="waiting requests at most (429 above)"
+    )
+    tick_s: float = Field(
+        default=0.01,
+        gt=0,
+        le=1,
+        allow_inf_nan=False,
+        description="the decision loop's tick (no longer than one engine step)",
+    )
+    health_interval_s: float = Field(
+        default=1.0, gt=0, le=60, allow_inf_nan=False, description="seconds between health checks"
+    )
+    connect_timeout_s: float = Field(
+        default=5.0, gt=0, le=60, allow_inf_nan=False, description="upstream connect timeout"
+    )
+    request_timeout_s: float = Field(
+        default=3600.0, gt=0, allow_inf_nan=False, description="upstream request timeout"
+    )
+    max_attempts: int = Field(
+        default=3, ge=1, le=16, description="ranks a request may be sent to before it fails"
+    )
+    out: str | None = Field(
+        default=None, description="folder for completions/ (the completion log) and ab/"
+    )
+    rotate_bytes: int = Field(
+        default=8 * 1024 * 1024, ge=1024, description="completion-log part size in memory"
+    )
+    rotate_s: float = Field(
+        default=300.0, gt=0, allow_inf_nan=False, description="completion-log part age at most"
+    )
+    track: bool = Field(default=True, description="log the switchback to MLflow at shutdown")
+
+    @field_validator("rank_header", "estimator", "estimator_url", "history", "arms", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        return None if value == "" else value
+
+    @field_validator("ranks")
+    @classmethod
+    def _valid_ranks(cls, value: list[str]) -> list[str]:
+        urls = [check_rank_url(u) for u in value]
+        if len(set(urls)) != len(urls):
+            raise ValueError("a rank URL is given twice")
+        return urls
+
+    @model_validator(mode="after")
+    def _consistent(self) -> GatewaySettings:
+        if self.rank_header is not None:
+            if len(self.ranks) != 1:
+                raise ValueError("header mode (rank_header) takes exactly one upstream URL")
+            if self.group_size is None:
+                raise ValueError("header mode needs group_size: the number of ranks upstream")
+        elif self.group_size is not None and self.group_size != len(self.ranks):
+            raise ValueError(f"group_size {self.group_size} differs from {len(self.ranks)} URLs")
+        if self.arms is not None and self.estimator_url is not None:
+            raise ValueError("estimator_url applies to router; with arms give each its estimator")
+        if self.warmup >= self.switch_every_s:
+            raise ValueError("warmup_s must be shorter than switch_every_s")
+        return self
+
+    @property
+    def group(self) -> int:
+        """G: the number of ranks."""
+        return self.group_size or len(self.ranks)
+
+    @property
+    def warmup(self) -> float:
+        """Seconds at the start of each switchback window left out of its figures."""
+        return self.switch_every_s / 4 if self.warmup_s is None else self.warmup_s
+
+    def rank_url(self, rank: int) -> str:
+        """Base URL that rank ``rank`` is reached at."""
+        return self.ranks[0] if self.rank_header is not None else self.ranks[rank]

@@ -6,10 +6,19 @@ import argparse
 import json
 from pathlib import Path
 
-from balanceroute.cli.options import add_workload_args, positive_int, workload_from_args
+from balanceroute.cli.options import (
+    add_dataclass_args,
+    add_workload_args,
+    given_fields,
+    positive_int,
+    workload_from_args,
+)
 from balanceroute.cli.train import add_key_arg, kinds
 from balanceroute.predict.model_store import DEFAULT_MODEL_NAME
 from balanceroute.training.evaluate import EvaluateConfig, run_evaluate
+from balanceroute.training.projection_error import ProjectionErrorConfig
+
+PROJECTION_DEST = "proj_"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -32,12 +41,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="observe the training part first (for a model fitted on another trace)",
     )
     p.add_argument("--out", required=True, help="folder for metrics.json and plots")
+    group = p.add_argument_group("projection error (states sampled from a brh:none replay)")
+    add_dataclass_args(group, ProjectionErrorConfig, dest_prefix=PROJECTION_DEST)
     p.set_defaults(func=cmd_evaluate)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    """Evaluate and print the metrics (without the per-age breakdown)."""
-    metrics = run_evaluate(
+    """Evaluate and print the metrics (without the per-age breakdown), then the
+    recommendation line."""
+    given = given_fields(args, ProjectionErrorConfig, dest_prefix=PROJECTION_DEST)
+    metrics, rec = run_evaluate(
         EvaluateConfig(
             workload=workload_from_args(args),
             out=Path(args.out),
@@ -47,8 +60,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             horizon=args.horizon,
             warmup=args.warmup,
             key=args.key,
+            projection=ProjectionErrorConfig(**given),
         )
     )
     brief = {k: {m: v for m, v in d.items() if m != "by_age"} for k, d in metrics.items()}
     print(json.dumps(brief, indent=2))
+    print(rec.line())
     return 0

@@ -59,6 +59,7 @@ from balanceroute.predict.calibration import (
     expected_calibration_error,
     fit_platt,
     logit,
+    recalibration_snapshots,
     sigmoid,
 )
 from balanceroute.predict.curves import shaped_curves, within_horizon_curves
@@ -289,20 +290,10 @@ class GBDTEstimator(CompletionEstimator):
         )
 
     def _recalibrate(self, done: CompletedBatch) -> None:
-        cap = -(-self.recal_window // self.recal_ages)  # completions that can still count
-        sel = np.arange(max(done.size - cap, 0), done.size)
-        out = np.asarray(done.output_tokens, dtype=np.int64)[sel]
-        rows = np.repeat(np.arange(sel.size), self.recal_ages)
-        age = np.floor(self.rng_.random(rows.size) * out[rows]).astype(np.int64)
-        age = np.minimum(age, out[rows] - 1).clip(min=0)
-        keys = None if done.prompt_key is None else np.asarray(done.prompt_key)[sel][rows]
-        times = None if done.time_s is None else np.asarray(done.time_s, dtype=np.float64)
-        now = None if times is None or np.isnan(times).all() else float(np.nanmax(times))
-        x = self.history_.features(
-            now, np.asarray(done.prompt_tokens, dtype=np.int64)[sel][rows], age, keys
-        )
+        snap = recalibration_snapshots(done, self.rng_, self.recal_window, self.recal_ages)
+        x = self.history_.features(snap.now, snap.prompt_tokens, snap.age, snap.prompt_key)
         z = logit(sigmoid(self.forests_[0].raw(x)))
-        y = (out[rows] - age <= self.horizon).astype(np.float64)
+        y = (snap.remaining <= self.horizon).astype(np.float64)
         self.recalibrator_.add(z, y)
 
     def features(self, batch: RunningBatch) -> np.ndarray:

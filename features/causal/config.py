@@ -61,6 +61,28 @@ class CausalConfig:
         object.__setattr__(self, "feature_names", tuple(names))
 
     @property
+    def recent_features(self) -> tuple[str, ...]:
+        """Features of the latest few completions (EWMAs, the last ``recent`` outputs) or of the
+        clock (completion rate, seconds since a key's last completion): they follow drift where
+        snapshots and completions share the trace's timeline, and mislead where the completion
+        stream is not a fair sample of outputs (a saturated replay finishes its shortest
+        requests first). The shorter key and conditional windows are the config's to drop."""
+        names = [f"ewma_out_{h}" for h in self.ewma_halflives]
+        names += [*GLOBAL_FEATURES, *(f"{src}_since_last_s" for src in self.key_sources)]
+        return tuple(names)
+
+    @property
+    def period_feature_names(self) -> tuple[str, ...]:
+        """Names of the per-bin columns of the hazard model's person-period rows
+        (:func:`balanceroute.features.causal.periods.bin_hazard_columns`, window by window)."""
+        names = []
+        for w in self.cond_tables:
+            names.append(f"marginal_w{w}_bin_hazard")
+            for src in self.key_sources:
+                names += [f"{src}_w{w}_bin_hazard", f"{src}_w{w}_bin_alive"]
+        return tuple(names)
+
+    @property
     def cond_tables(self) -> tuple[int, ...]:
         """Windows of the conditional (stacked empirical) features, without repeats."""
         return tuple(dict.fromkeys((self.window, *self.cond_windows)))

@@ -17,6 +17,7 @@ from balanceroute.features.causal.kernels import (
     keyed_columns,
     marginal_columns,
 )
+from balanceroute.features.causal.periods import bin_hazard_columns, bin_offsets, stack_periods
 from balanceroute.features.keys import derive_keys
 from balanceroute.features.windows import (
     OUT_MASK,
@@ -240,3 +241,29 @@ class OnlineHistory:
                 )
                 col += len(COND_STATS) + len(EM_STATS)
         return x
+
+    def period_features(
+        self,
+        prompt_tokens: np.ndarray,
+        age: np.ndarray,
+        prompt_key: np.ndarray | None,
+        ends: np.ndarray,
+    ) -> np.ndarray:
+        """Period features ``(n, bins, P)`` of the hazard model's bins from the observed
+        completions (what :func:`balanceroute.features.causal.periods.trace_period_features`
+        builds offline)."""
+        cfg = self.cfg
+        a = np.asarray(age, dtype=np.int64)
+        offsets = bin_offsets(ends)
+        cols: list[np.ndarray] = []
+        for win in cfg.cond_tables:
+            mc = self.marginal[win]
+            marginal = (np.full(a.size, float(mc.n)), mc.surv(a[:, None] + offsets[None, :]))
+            keyed = [
+                self.keyed[(src, win)].surv_at(
+                    derive_keys(src, prompt_tokens, prompt_key), a, offsets
+                )
+                for src in cfg.key_sources
+            ]
+            cols += bin_hazard_columns(marginal, keyed, cfg.em_prior)
+        return stack_periods(cols)

@@ -142,9 +142,10 @@ def asof_key_survival(
     offsets: np.ndarray,
     window: int,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Offline twin of :meth:`KeyedCounts.surv_at`, each query as of its own point in history:
-    the key's count ``n`` in the window and its survival counts ``S(a + o)`` for every offset
-    ``o`` (``(Q, len(offsets))``, float64); zeros for queries without a key."""
+    """Offline twin of :meth:`KeyedCounts.surv_matrix` at a few offsets, each query as of its
+    own point in history: the key's count ``n`` in the window and its survival counts
+    ``S(a + o)`` for every offset ``o`` (``(Q, len(offsets))``, float64); zeros for queries
+    without a key."""
     out, slot, comp = _history_slots(hist_keys, hist_out)
     q_keys = np.asarray(q_keys, dtype=np.uint64)
     a = np.asarray(ages, dtype=np.int64)

@@ -225,24 +225,6 @@ class KeyedCounts:
         between = self.csum_[i_b] - self.csum_[i_a]
         return key_terms(keys == 0, start, i_a, i_b, end, between, ages, horizon)
 
-    def surv_at(
-        self, keys: np.ndarray, ages: np.ndarray, offsets: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Per row: the key's count ``n`` and its survival counts ``S(a + o)`` for every offset
-        ``o``, shape ``(n, len(offsets))``; zeros for rows without a key."""
-        keys = np.asarray(keys, dtype=np.uint64)
-        a = np.asarray(ages, dtype=np.int64)
-        base = key_base(keys)
-        start = np.searchsorted(self.comp, base, side="left")
-        end = np.searchsorted(self.comp, base | OUT_MASK, side="right")
-        needles = base[:, None] | (a[:, None] + np.asarray(offsets, dtype=np.int64)).astype(
-            np.uint64
-        )
-        below = np.searchsorted(self.comp, needles.ravel(), side="right").reshape(needles.shape)
-        none = keys == 0
-        n = np.where(none, 0, end - start).astype(np.float64)
-        return n, np.where(none[:, None], 0, end[:, None] - below).astype(np.float64)
-
     def surv_matrix(self, keys: np.ndarray, ages: np.ndarray, horizon: int) -> np.ndarray:
         """Survival counts S_key(a+h) for h = 0..H, shape (n, H+1)."""
         return _surv_matrix(

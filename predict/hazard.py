@@ -35,6 +35,7 @@ from balanceroute.features.causal import (
     OnlineHistory,
     hazard_bins,
     period_design,
+    period_rows,
     person_period_rows,
     trace_period_features,
     trace_snapshot_features,
@@ -255,26 +256,24 @@ class HazardEstimator(CompletionEstimator):
             "calib_ece_platt": expected_calibration_error(sigmoid(a * raw + b), y, weight=w),
         }
 
-    def _design(
+    def _score(
         self, time_s: float | None, prompts: np.ndarray, age: np.ndarray, keys: np.ndarray | None
     ) -> np.ndarray:
-        """Person-period rows of every bin for each snapshot, snapshot-major."""
+        """Uncalibrated hazard logits of every bin for each snapshot, ``(n * bins,)``
+        snapshot-major; the snapshot's features are shared by its bins' rows."""
         hist, ends = self.history_, self.ends_
-        x = hist.features(time_s, prompts, age, keys)
+        x = hist.features(time_s, prompts, age, keys)[:, self.columns_]
         periods = hist.period_features(prompts, age, keys, ends)
         n, bins = age.shape[0], ends.size
-        snap = np.repeat(np.arange(n), bins)
-        return period_design(
-            x, periods, snap, np.tile(np.arange(bins), n), ends, columns=self.columns_
-        )
+        own = period_rows(periods, np.repeat(np.arange(n), bins), np.tile(np.arange(bins), n), ends)
+        return logit(sigmoid(self.forest_.raw_grouped(x, own)))
 
     def hazards(self, batch: RunningBatch) -> np.ndarray:
         """Calibrated chance to finish in each bin given survival to its start, ``(n, bins)``."""
         self.check_fitted()
         age = np.asarray(batch.age, dtype=np.int64)
         prompts = np.asarray(batch.prompt_tokens, dtype=np.int64)
-        z = self._design(batch.time_s, prompts, age, batch.prompt_key)
-        raw = logit(sigmoid(self.forest_.raw(z)))
+        raw = self._score(batch.time_s, prompts, age, batch.prompt_key)
         if self.recalibrate:
             hz = self.recalibrator_(raw)
         else:
@@ -304,9 +303,8 @@ class HazardEstimator(CompletionEstimator):
                 completions, self.rng_, self.recal_window, self.recal_ages
             )
             rows, bins, y, _ = person_period_rows(snap.remaining, self.ends_)
-            z = self._design(snap.now, snap.prompt_tokens, snap.age, snap.prompt_key)
-            keep = rows * self.ends_.size + bins
-            raw = logit(sigmoid(self.forest_.raw(z[keep])))
+            scores = self._score(snap.now, snap.prompt_tokens, snap.age, snap.prompt_key)
+            raw = scores[rows * self.ends_.size + bins]
             # ages are uniform within each request's life: weighing a request by its length
             # makes the pairs a sample of the running requests a router meets
             w = (snap.age + snap.remaining)[rows] / self.mean_output_ if self.at_risk else None

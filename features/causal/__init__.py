@@ -31,6 +31,7 @@ from balanceroute.features.causal.online import KeyWindowTable, OnlineHistory
 from balanceroute.features.causal.periods import (
     hazard_bins,
     period_design,
+    period_rows,
     trace_period_features,
 )
 from balanceroute.features.causal.rows import person_period_rows, training_rows
@@ -41,6 +42,7 @@ __all__ = [
     "OnlineHistory",
     "hazard_bins",
     "period_design",
+    "period_rows",
     "person_period_rows",
     "snapshot_features",
     "trace_period_features",

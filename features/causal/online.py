@@ -259,11 +259,10 @@ class OnlineHistory:
         for win in cfg.cond_tables:
             mc = self.marginal[win]
             marginal = (np.full(a.size, float(mc.n)), mc.surv(a[:, None] + offsets[None, :]))
-            keyed = [
-                self.keyed[(src, win)].surv_at(
-                    derive_keys(src, prompt_tokens, prompt_key), a, offsets
-                )
-                for src in cfg.key_sources
-            ]
+            keyed = []
+            for src in cfg.key_sources:
+                keys = derive_keys(src, prompt_tokens, prompt_key)
+                surv = self.keyed[(src, win)].surv_matrix(keys, a, int(offsets[-1]))
+                keyed.append((None, surv[:, offsets]))
             cols += bin_hazard_columns(marginal, keyed, cfg.em_prior)
         return stack_periods(cols)

@@ -23,7 +23,7 @@ from balanceroute.features.schema import TraceArrays
 
 BIN_FEATURES: tuple[str, ...] = ("bin_start", "bin_width")
 _CHUNK = 65_536  # design rows written at a time
-Survival = tuple[np.ndarray, np.ndarray]  # (window count n, S(a + offset) per offset)
+Survival = tuple[np.ndarray | None, np.ndarray]  # (window count n, S(a + offset) per offset)
 
 
 def hazard_bins(horizon: int, n_bins: int) -> np.ndarray:
@@ -53,7 +53,8 @@ def bin_hazard_columns(
     """Per-bin columns ``(n, bins)`` of one window: the marginal's hazard, then per key source
     the blended hazard and the key's outputs above the bin's start.
 
-    Inputs are survival counts at :func:`bin_offsets` (``(n, bins + 1)``) with the window count.
+    Inputs are survival counts at :func:`bin_offsets` (``(n, bins + 1)``) with the window count
+    (the keys' counts are not needed).
     """
     n_m, s_m = marginal
     cols = [_hazard(s_m[:, :-1], s_m[:, 1:])]
@@ -94,6 +95,20 @@ def trace_period_features(
     return stack_periods(cols)
 
 
+def period_rows(
+    periods: np.ndarray, snapshot: np.ndarray, bins: np.ndarray, ends: np.ndarray
+) -> np.ndarray:
+    """The bin's own columns of each person-period row: its first offset, its width and its
+    period features (``(rows, 2 + P)``)."""
+    ends = np.asarray(ends, dtype=np.int64)
+    starts = bin_offsets(ends)[:-1] + 1
+    out = np.empty((snapshot.size, len(BIN_FEATURES) + periods.shape[2]))
+    out[:, 0] = starts[bins]
+    out[:, 1] = ends[bins] - starts[bins] + 1
+    out[:, 2:] = periods[snapshot, bins]
+    return out
+
+
 def period_design(
     x: np.ndarray,
     periods: np.ndarray,
@@ -103,20 +118,15 @@ def period_design(
     dtype: type = np.float64,
     columns: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Person-period design matrix: the snapshot's features (``columns`` of them, default all),
-    its bin's first offset and width, and the bin's period features, one row per
-    ``(snapshot[i], bins[i])``."""
-    ends = np.asarray(ends, dtype=np.int64)
-    starts = bin_offsets(ends)[:-1] + 1
+    """Person-period design matrix: the snapshot's features (``columns`` of them, default all)
+    followed by :func:`period_rows`, one row per ``(snapshot[i], bins[i])``."""
     if columns is not None:
         x = x[:, columns]
-    f, p = x.shape[1], periods.shape[2]
-    z = np.empty((snapshot.size, f + len(BIN_FEATURES) + p), dtype=dtype)
+    f = x.shape[1]
+    z = np.empty((snapshot.size, f + len(BIN_FEATURES) + periods.shape[2]), dtype=dtype)
     for lo in range(0, snapshot.size, _CHUNK):  # chunks: no full-size float64 temporaries
         s, b = snapshot[lo : lo + _CHUNK], bins[lo : lo + _CHUNK]
         rows = slice(lo, lo + s.size)
         z[rows, :f] = x[s]
-        z[rows, f] = starts[b]
-        z[rows, f + 1] = ends[b] - starts[b] + 1
-        z[rows, f + 2 :] = periods[s, b]
+        z[rows, f:] = period_rows(periods, s, b, ends)
     return z

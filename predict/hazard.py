@@ -85,7 +85,7 @@ class HazardParams(EstimatorParams):
     per_request: int = field(default=8, metadata={"help": "training snapshots per request"})
     max_snapshots: int = field(default=250_000, metadata={"help": "training snapshots at most"})
     survivor_fraction: float = field(
-        default=1.0, metadata={"help": "share of non-event person-period rows kept (reweighted)"}
+        default=0.5, metadata={"help": "share of non-event person-period rows kept (reweighted)"}
     )
     calib_fraction: float = field(
         default=0.1, metadata={"help": "latest share of requests held out to calibrate"}

@@ -6,7 +6,8 @@ Brier score of ``p_finish = P(r <= H)``:
 
 - ``ibs_discounted``: the integrated Brier score of the curve over ``k = 1..H``, weighted by
   ``gamma^k`` (normalised to a weighted mean), ``gamma`` set as BR-H's ``auto_gamma`` rule sets
-  it for the trace (:func:`router_gamma`);
+  it for the trace (:func:`router_gamma`); ``ibs_discounted_per_request`` is the same with every
+  snapshot weighted alike (see below);
 - ``brier_at_k`` and ``auc_at_k`` (time-dependent: the event ``r <= k`` scored by
   ``1 - P(r > k)``) for ``k`` in :data:`SCORE_KS`.
 
@@ -57,8 +58,14 @@ def curve_scores(
     w = np.ones(remaining.shape[0]) if weight is None else np.asarray(weight, dtype=np.float64)
     w = w / w.sum()
     alive = (remaining[:, None] > ks[None, :]).astype(np.float64)
-    brier = w @ (survival[:, 1 : horizon + 1] - alive) ** 2
-    out = {"ibs_discounted": float(brier @ discount_weights(horizon, gamma)), "gamma": gamma}
+    sq = (survival[:, 1 : horizon + 1] - alive) ** 2
+    brier = w @ sq
+    discount = discount_weights(horizon, gamma)
+    out = {
+        "ibs_discounted": float(brier @ discount),
+        "ibs_discounted_per_request": float(sq.mean(axis=0) @ discount),
+        "gamma": gamma,
+    }
     for k in SCORE_KS:
         if k <= horizon:
             out[f"brier_at_{k}"] = float(brier[k - 1])

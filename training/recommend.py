@@ -20,6 +20,7 @@ SCORE_SIGNS: dict[str, int] = {
     "c_mae": 1,
     "auc": -1,
     "ibs_discounted": 1,
+    "ibs_discounted_per_request": 1,
     "brier_at_8": 1,
     "brier_at_16": 1,
     "brier_at_40": 1,

@@ -46,6 +46,7 @@ METRICS = (
     "log_loss",
     "c_mae",
     "ibs_discounted",
+    "ibs_discounted_per_request",
     "brier_at_8",
     "brier_at_16",
     "brier_at_40",

@@ -113,6 +113,10 @@ class HazardParams(EstimatorParams):
     key_sources: tuple[str, ...] = field(
         default=("exact-length", "hash"), metadata={"help": "prompt keys of the per-key features"}
     )
+    conversation: bool = field(
+        default=False,
+        metadata={"help": "features of the key's last finished request (the previous turn)"},
+    )
     recent_features: bool = field(
         default=False,
         metadata={
@@ -168,6 +172,7 @@ class HazardEstimator(CompletionEstimator):
             horizon=self.horizon,
             cond_windows=short if self.recent_features else (),
             key_sources=self.key_sources,
+            conversation=self.conversation,
             **({} if self.recent_features else {"key_windows": ()}),
         )
         ends = hazard_bins(self.horizon, self.bins)

@@ -8,7 +8,9 @@ decision-aware scores weighted by time at risk (discounted integrated Brier scor
 of a ``brh:none`` replay (G = 8, B = 32, saturated), plus ``none`` as the reference and the
 recommendation ``evaluate`` would print. Azure uses the exact prompt length as the key; Mooncake the
 hash of the first two blocks. ``hazard`` also runs as ``hazard[per-request]`` (training snapshots
-weighted per request, like ``gbdt``) and ``hazard[static]`` (no online recalibration).
+weighted per request, like ``gbdt``), ``hazard[static]`` (no online recalibration) and
+``hazard[conversation]`` (with the features of the key's last finished request: on Mooncake,
+the previous turn of the conversation).
 ``--variants`` adds the older comparisons: exactmatch's shrinkage against the hard switch, and
 gbdt's calibrations (none / isotonic / platt, and platt without the online recalibration).
 ``predictions_per_s`` is the best of 5 timed ``predict`` calls on a 4,096 batch; the learned
@@ -59,7 +61,7 @@ METRICS = (
     "proj_error_margin",
     "predictions_per_s",
 )
-LEARNED = ("gbdt", "hazard", "hazard[per-request]", "hazard[static]")
+LEARNED = ("gbdt", "hazard", "hazard[per-request]", "hazard[static]", "hazard[conversation]")
 
 
 def _brief(m: dict) -> dict:
@@ -89,6 +91,7 @@ def variants(key: str) -> dict[str, tuple[str, dict]]:
         "hazard": ("hazard", {}),
         "hazard[per-request]": ("hazard", {"at_risk": False}),
         "hazard[static]": ("hazard", {"recalibrate": False}),
+        "hazard[conversation]": ("hazard", {"conversation": True}),
     }
 
 

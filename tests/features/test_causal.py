@@ -24,6 +24,7 @@ CFG = CausalConfig(
     ewma_halflives=(4, 64),
     cond_windows=(50,),
     horizon=16,
+    conversation=True,
 )
 
 
@@ -61,7 +62,8 @@ def test_online_state_matches_offline_builder(arrays):
     assert np.isfinite(periods).any(axis=(0, 1)).all()
     # the stacked empirical answers and the time since a key's last completion are covered
     names = list(CFG.feature_names)
-    for name in ("marginal_w50_cond_p", "hash_w300_em_p", "hash_w300_cond_p", "hash_since_last_s"):
+    covered = ("marginal_w50_cond_p", "hash_w300_em_p", "hash_w300_cond_p", "hash_since_last_s")
+    for name in (*covered, "hash_prev_prompt", "hash_prompt_growth", "hash_new_tokens"):
         assert np.isfinite(offline[:, names.index(name)]).any(), name
     t = CFG.snapshot_times(arrays, idx, age)
     finish = CFG.finish_times(arrays)

@@ -16,9 +16,9 @@ from balanceroute.cli.options import (
 from balanceroute.cli.train import add_key_arg, kinds
 from balanceroute.predict.model_store import DEFAULT_MODEL_NAME
 from balanceroute.training.evaluate import EvaluateConfig, run_evaluate
-from balanceroute.training.projection_error import ProjectionErrorConfig
+from balanceroute.training.replay_scores import ReplayScoreConfig
 
-PROJECTION_DEST = "proj_"
+REPLAY_DEST = "replay_"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -41,15 +41,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="observe the training part first (for a model fitted on another trace)",
     )
     p.add_argument("--out", required=True, help="folder for metrics.json and plots")
-    group = p.add_argument_group("projection error (states sampled from a brh:none replay)")
-    add_dataclass_args(group, ProjectionErrorConfig, dest_prefix=PROJECTION_DEST)
+    group = p.add_argument_group("replay scores (brh on the holdout's requests)")
+    add_dataclass_args(group, ReplayScoreConfig, dest_prefix=REPLAY_DEST)
     p.set_defaults(func=cmd_evaluate)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     """Evaluate and print the metrics (without the per-age breakdown), then the
     recommendation line."""
-    given = given_fields(args, ProjectionErrorConfig, dest_prefix=PROJECTION_DEST)
+    given = given_fields(args, ReplayScoreConfig, dest_prefix=REPLAY_DEST)
     metrics, rec = run_evaluate(
         EvaluateConfig(
             workload=workload_from_args(args),
@@ -60,7 +60,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             horizon=args.horizon,
             warmup=args.warmup,
             key=args.key,
-            projection=ProjectionErrorConfig(**given),
+            replay=ReplayScoreConfig(**given),
         )
     )
     brief = {k: {m: v for m, v in d.items() if m != "by_age"} for k, d in metrics.items()}

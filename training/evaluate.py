@@ -5,8 +5,9 @@ replays the holdout prequentially (each prediction sees only the completions bef
 writes ``metrics.json`` and the plots. Besides the accuracy of ``p_finish`` and ``c`` it scores
 what BR-H's decisions rest on (:mod:`balanceroute.training.decision`: the discounted integrated
 Brier score of the curves, Brier and AUC at a few horizons; :mod:`balanceroute.training.
-projection_error`: the error of each worker's projected departures on replayed states), and
-recommends the estimator to deploy, or ``none`` (:mod:`balanceroute.training.recommend`).
+replay_scores`: the error of each worker's projected departures on replayed states, and the
+imbalance of the router with the estimator over the router without), and recommends the
+estimator to deploy, or ``none`` (:mod:`balanceroute.training.recommend`).
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from balanceroute.training.holdout import Holdout, make_holdout, observe_trainin
 from balanceroute.training.metrics import reliability, score, score_by_age
 from balanceroute.training.plots import brier_by_age_plot, reliability_plot
 from balanceroute.training.prediction_replay import predictions_per_second, replay_predictions
-from balanceroute.training.projection_error import ProjectionErrorConfig, projection_errors
 from balanceroute.training.recommend import REFERENCE, Recommendation, recommend
+from balanceroute.training.replay_scores import ReplayScoreConfig, replay_scores
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +49,7 @@ class EvaluateConfig:
     horizon: int = 80
     warmup: bool = False
     key: str = AUTO_KEY
-    projection: ProjectionErrorConfig = field(default_factory=ProjectionErrorConfig)
+    replay: ReplayScoreConfig = field(default_factory=ReplayScoreConfig)
 
 
 def run_evaluate(cfg: EvaluateConfig) -> tuple[dict[str, dict[str, Any]], Recommendation]:
@@ -73,7 +74,7 @@ def run_evaluate(cfg: EvaluateConfig) -> tuple[dict[str, dict[str, Any]], Recomm
     if cfg.warmup:
         for est in estimators.values():
             observe_training_part(est, holdout, CausalConfig())
-    metrics, curves = score_estimators(estimators, holdout, cfg.horizon, cfg.projection)
+    metrics, curves = score_estimators(estimators, holdout, cfg.horizon, cfg.replay)
     rec = recommend(metrics)
     paths = write_report(cfg.out, metrics, curves, rec)
     progress(f"wrote {paths['metrics']}")
@@ -84,26 +85,26 @@ def score_estimators(
     estimators: dict[str, CompletionEstimator],
     holdout: Holdout,
     horizon: int,
-    projection: ProjectionErrorConfig | None = None,
+    replay: ReplayScoreConfig | None = None,
 ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, list[float]]]]:
     """Every metric of each estimator and of the prediction-free reference ``none``: the
-    prequential scores, the decision-aware scores and the projection error (measured first, on
-    copies, so no estimator has seen the holdout before it projects)."""
+    prequential scores, the decision-aware scores and the replay scores (measured first, on
+    copies, so no estimator has seen the holdout before the replays)."""
     gamma = router_gamma(holdout.arrays.output_tokens[: holdout.first_test])
     every = {**estimators, REFERENCE: NoPrediction(horizon=horizon).fit()}
-    progress(f"projecting departures on replayed states (gamma {gamma:.3f})")
-    proj = projection_errors(every, holdout.test, gamma, horizon, projection)
+    progress(f"replaying the holdout under brh with each estimator (gamma {gamma:.3f})")
+    replayed = replay_scores(every, holdout.test, gamma, horizon, replay)
     metrics: dict[str, dict[str, Any]] = {}
     curves: dict[str, dict[str, list[float]]] = {}
     for kind, est in every.items():
         progress(f"evaluating {kind} on {holdout.index.size:,} snapshots")
         metrics[kind], curves[kind] = evaluate_estimator(est, holdout, horizon, gamma)
-        metrics[kind].update(proj[kind])
+        metrics[kind].update(replayed[kind])
         m = metrics[kind]
         progress(
             f"{kind}: brier {m['brier']:.4f} auc {m['auc']:.4f} "
             f"ibs_discounted {m['ibs_discounted']:.4f} proj_error_margin "
-            f"{m['proj_error_margin']:.4f}"
+            f"{m['proj_error_margin']:.4f} replay_ratio {m['replay_ratio']:.3f}"
         )
     return metrics, curves
 

@@ -31,6 +31,7 @@ SCORE_SIGNS: dict[str, int] = {
     "auc_at_80": -1,
     "proj_error": 1,
     "proj_error_margin": 1,
+    "replay_ratio": 1,
 }
 RANKING_SCORE = "proj_error_margin"
 MARGIN = 0.0  # relative improvement over ``none`` an estimator needs to be recommended

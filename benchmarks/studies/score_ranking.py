@@ -37,8 +37,8 @@ from balanceroute.predict.no_prediction import NoPrediction
 from balanceroute.training.decision import router_gamma
 from balanceroute.training.evaluate import evaluate_estimator
 from balanceroute.training.holdout import make_holdout
-from balanceroute.training.projection_error import ProjectionErrorConfig, projection_errors
 from balanceroute.training.recommend import RANKING_SCORE, REFERENCE, SCORE_SIGNS, recommend
+from balanceroute.training.replay_scores import ReplayScoreConfig, replay_scores
 
 KINDS = ("survival", "exactmatch", "gbdt", "hazard")
 HORIZON = 80
@@ -87,11 +87,11 @@ def workload_scores(
     out = {}
     for name, summary in runs.items():
         cfg = summary["config"]
-        proj = ProjectionErrorConfig(
+        proj = ReplayScoreConfig(
             slots=int(cfg["slots"]), load=None if cfg["saturate"] else float(cfg["load"])
         )
-        log(f"projection error for {name}")
-        errors = projection_errors(fitted, holdout.test, gamma, HORIZON, proj)
+        log(f"replay scores for {name}")
+        errors = replay_scores(fitted, holdout.test, gamma, HORIZON, proj)
         out[name] = {
             k: {**base[k], **{s: float(v) for s, v in errors[k].items() if s in SCORE_SIGNS}}
             for k in fitted

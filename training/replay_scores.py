@@ -1,4 +1,6 @@
-"""Projection error: how far each worker's projected departures are from what happened.
+"""Scores from a replay of the holdout: the projection error, and the routing it buys.
+
+Projection error: how far each worker's projected departures are from what happened.
 
 BR-H decides against each worker's load projected ``h = 1..H`` iterations ahead; the estimator's
 part of that projection is which running requests leave, and when. On worker states sampled from
@@ -15,6 +17,10 @@ The states come from one replay (``router/runner.py``) of the requests under a p
 ``brh`` (so no estimator shapes the states it is judged on); the :class:`StateSampler` wrapped
 around that policy hands every completion to each estimator as BR-H would and, every
 ``every``-th routing call, asks each for its curves of the running requests.
+
+Replay ratio (``replay_ratio``): the steady-state mean imbalance of ``brh`` with the estimator
+over that of the same replay without prediction: the A/B's own measure, on one replay of the
+holdout's requests (a score of the estimator in the router, not of its accuracy).
 """
 
 from __future__ import annotations
@@ -39,8 +45,9 @@ STATE_ROUTER = "brh:none"
 
 
 @dataclass(frozen=True, slots=True)
-class ProjectionErrorConfig:
-    """The replay the states are sampled from, and how many are sampled."""
+class ReplayScoreConfig:
+    """The replay the scores come from (the group, saturated or at a load), and how many
+    states the projection error samples."""
 
     workers: int = field(default=8, metadata={"help": "workers G of the sampling replay"})
     slots: int = field(default=32, metadata={"help": "slots B per worker of the sampling replay"})
@@ -60,7 +67,7 @@ class ProjectionErrorConfig:
         ]
         for ok, msg in checks:
             if not ok:
-                raise UserError(f"projection error: {msg}")
+                raise UserError(f"replay scores: {msg}")
 
     def spec(self) -> ReplaySpec:
         """The replay: ``brh`` without prediction on this group, saturated or at ``load``."""
@@ -183,16 +190,33 @@ def state_errors(
     )
 
 
+def replay_scores(
+    estimators: dict[str, CompletionEstimator],
+    requests: pd.DataFrame,
+    gamma: float,
+    horizon: int,
+    cfg: ReplayScoreConfig | None = None,
+) -> dict[str, dict[str, float]]:
+    """``proj_error``, ``proj_error_margin`` (with ``proj_states`` sampled) and
+    ``replay_ratio`` of every estimator, from replays of ``requests``; the estimators are
+    copied, so the originals learn nothing."""
+    cfg = cfg or ReplayScoreConfig()
+    out, base = projection_errors(estimators, requests, gamma, horizon, cfg)
+    for kind, est in estimators.items():
+        _, summary = replay(requests, cfg.spec(), estimator=copy.deepcopy(est), record_loads=False)
+        out[kind]["replay_ratio"] = summary["steady_mean_imbalance"] / max(base, 1e-12)
+    return out
+
+
 def projection_errors(
     estimators: dict[str, CompletionEstimator],
     requests: pd.DataFrame,
     gamma: float,
     horizon: int,
-    cfg: ProjectionErrorConfig | None = None,
-) -> dict[str, dict[str, float]]:
-    """``proj_error`` and ``proj_error_margin`` of every estimator (copies: the originals learn
-    nothing) on states sampled from a replay of ``requests``, with ``proj_states`` sampled."""
-    cfg = cfg or ProjectionErrorConfig()
+    cfg: ReplayScoreConfig,
+) -> tuple[dict[str, dict[str, float]], float]:
+    """``proj_error`` and ``proj_error_margin`` of every estimator (copies) on states sampled
+    from the prediction-free replay, and that replay's steady imbalance."""
     passengers = {k: copy.deepcopy(e) for k, e in estimators.items()}
     sampler: list[StateSampler] = []
 
@@ -200,7 +224,7 @@ def projection_errors(
         sampler.append(StateSampler(policy, passengers, horizon, cfg.every, cfg.max_states))
         return sampler[0]
 
-    result, _ = replay(requests, cfg.spec(), wrap=wrap, record_loads=False)
+    result, summary = replay(requests, cfg.spec(), wrap=wrap, record_loads=False)
     weights = discount_weights(horizon, gamma)
     hs = np.arange(horizon + 1)
     finish = result.admit_iter + result.output_tokens
@@ -214,7 +238,8 @@ def projection_errors(
         for kind, dep in st.departed.items():
             sums[kind] += state_errors(dep, actual, float(st.workload.sum()), weights)
     n = max(len(states), 1)
-    return {
+    errors = {
         k: {"proj_error": s[0] / n, "proj_error_margin": s[1] / n, "proj_states": len(states)}
         for k, s in sums.items()
     }
+    return errors, float(summary["steady_mean_imbalance"])

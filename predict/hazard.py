@@ -26,13 +26,12 @@ One LightGBM classifier of the chance to finish in each age bin given survival t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Self
 
 import numpy as np
 
 from balanceroute.features.causal import (
     CausalConfig,
-    OnlineHistory,
     hazard_bins,
     period_design,
     period_rows,
@@ -45,8 +44,6 @@ from balanceroute.features.errors import UserError
 from balanceroute.features.schema import to_arrays
 from balanceroute.predict.base import (
     CompletedBatch,
-    CompletionEstimator,
-    EstimatorParams,
     Prediction,
     RunningBatch,
     from_survival,
@@ -61,6 +58,7 @@ from balanceroute.predict.calibration import (
 )
 from balanceroute.predict.curves import hazard_curves
 from balanceroute.predict.forest import Forest
+from balanceroute.predict.learned import LearnedEstimator, LearnedParams
 
 if TYPE_CHECKING:
     import lightgbm as lgb
@@ -70,41 +68,19 @@ PRIOR_SAMPLE = 2048  # calibration-slice rows kept as the online recalibration's
 
 
 @dataclass(frozen=True, slots=True)
-class HazardParams(EstimatorParams):
-    """The parameters of :class:`HazardEstimator` (its constructor takes each by keyword)."""
+class HazardParams(LearnedParams):
+    """The parameters of :class:`HazardEstimator` (its constructor takes each by keyword); the
+    booster, snapshot and calibration ones are ``gbdt``'s, some with other defaults."""
 
-    bins: int = field(default=12, metadata={"help": "age bins over the horizon (geometric)"})
     n_estimators: int = field(default=200, metadata={"help": "boosting rounds"})
-    learning_rate: float = field(default=0.1, metadata={"help": "learning rate"})
     num_leaves: int = field(default=15, metadata={"help": "leaves per tree"})
     max_depth: int = field(default=4, metadata={"help": "tree depth"})
-    min_data_in_leaf: int = field(default=500, metadata={"help": "rows per leaf at least"})
-    lambda_l2: float = field(default=10.0, metadata={"help": "L2 regularisation"})
-    feature_fraction: float = field(default=0.7, metadata={"help": "features tried per tree"})
-    step: int = field(default=8, metadata={"help": "age grid of the training snapshots"})
     per_request: int = field(default=8, metadata={"help": "training snapshots per request"})
+    recal_window: int = field(default=4000, metadata={"help": "recalibration pairs kept"})
+    bins: int = field(default=12, metadata={"help": "age bins over the horizon (geometric)"})
     max_snapshots: int = field(default=250_000, metadata={"help": "training snapshots at most"})
     survivor_fraction: float = field(
         default=0.5, metadata={"help": "share of non-event person-period rows kept (reweighted)"}
-    )
-    calib_fraction: float = field(
-        default=0.1, metadata={"help": "latest share of requests held out to calibrate"}
-    )
-    refit_full: bool = field(
-        default=True, metadata={"help": "retrain on every row after calibrating"}
-    )
-    recalibrate: bool = field(default=True, metadata={"help": "online Platt recalibration"})
-    recal_window: int = field(default=4000, metadata={"help": "recalibration pairs kept"})
-    recal_ages: int = field(default=2, metadata={"help": "recalibration ages per completion"})
-    recal_prior: float = field(
-        default=0.25, metadata={"help": "weight of the calibration slice in recalibration"}
-    )
-    assumed_tpot_s: float = field(
-        default=0.06, metadata={"help": "seconds per decode step of the trace timing model"}
-    )
-    window: int = field(default=131_072, metadata={"help": "completions in the feature window"})
-    cond_windows: tuple[int, ...] = field(
-        default=(1024,), metadata={"help": "shorter windows of the stacked empirical features"}
     )
     at_risk: bool = field(
         default=True,
@@ -123,8 +99,6 @@ class HazardParams(EstimatorParams):
             "help": "also learn from the latest completions (EWMAs, short windows) and the clock"
         },
     )
-    num_threads: int = field(default=0, metadata={"help": "LightGBM training threads (0: all)"})
-    seed: int = field(default=0, metadata={"help": "seed of sampling and boosting"})
 
     def __post_init__(self) -> None:
         if self.bins < 1:
@@ -135,30 +109,11 @@ class HazardParams(EstimatorParams):
             )
 
 
-class HazardEstimator(CompletionEstimator):
+class HazardEstimator(LearnedEstimator):
     """Calibrated discrete-time hazard model (LightGBM on person-period rows)."""
 
     name = "hazard"
     Params = HazardParams
-    provides_survival = True
-    projection = "expected"
-
-    def _booster_params(self) -> dict[str, Any]:
-        return {
-            "objective": "binary",
-            "learning_rate": self.learning_rate,
-            "num_leaves": self.num_leaves,
-            "max_depth": self.max_depth,
-            "min_data_in_leaf": self.min_data_in_leaf,
-            "lambda_l2": self.lambda_l2,
-            "feature_fraction": self.feature_fraction,
-            "bagging_fraction": 0.8,
-            "bagging_freq": 1,
-            "num_threads": self.num_threads,
-            "seed": self.seed,
-            "deterministic": True,
-            "verbose": -1,
-        }
 
     def fit(self, history: pd.DataFrame) -> Self:
         import lightgbm as lgb
@@ -204,7 +159,7 @@ class HazardEstimator(CompletionEstimator):
             raise UserError("hazard: too few requests to hold some out for calibration")
         names = [cfg.feature_names[c] for c in columns]
         names += ["bin_start", "bin_width", *cfg.period_feature_names]
-        params = self._booster_params()
+        params = self.classifier_params()
         full = lgb.Dataset(z, y, weight=w, feature_name=names, free_raw_data=False)
         booster = lgb.train(params, full.subset(np.arange(n_fit)), self.n_estimators)
         self.forest_ = Forest.from_booster(booster)
@@ -217,15 +172,8 @@ class HazardEstimator(CompletionEstimator):
         self.n_rows_ = int(snap.size)
         self.ends_ = ends
         self.columns_ = columns
-        self.config_ = cfg
-        self.history_ = OnlineHistory(cfg)
-        finish = cfg.finish_times(arrays)
-        o = np.argsort(finish, kind="stable")
-        self.history_.observe(
-            arrays.prompt_tokens[o], arrays.output_tokens[o], arrays.prompt_key[o], finish[o]
-        )
         self.mean_output_ = float(arrays.output_tokens.mean())
-        self.rng_ = np.random.default_rng(self.seed)
+        self.start_history(arrays, cfg)
         self.fitted_ = True
         return self
 
@@ -295,28 +243,14 @@ class HazardEstimator(CompletionEstimator):
         pred = from_survival(curves)
         return pred if survival else Prediction(pred.p_finish, pred.c)
 
-    def observe(self, completions: CompletedBatch) -> None:
-        """Learn from finished requests (in finish order): recalibration pairs, then history.
-
-        Each finished request is first scored at ``recal_ages`` random ages with the history as
-        it stood before it finished; its person-period rows at those ages (hazard score, finished
-        in the bin) go to the online recalibrator; only then does the history take it in.
-        """
-        self.check_fitted()
-        if self.recalibrate and self.recal_ages > 0 and completions.size:
-            snap = recalibration_snapshots(
-                completions, self.rng_, self.recal_window, self.recal_ages
-            )
-            rows, bins, y, _ = person_period_rows(snap.remaining, self.ends_)
-            scores = self._score(snap.now, snap.prompt_tokens, snap.age, snap.prompt_key)
-            raw = scores[rows * self.ends_.size + bins]
-            # ages are uniform within each request's life: weighing a request by its length
-            # makes the pairs a sample of the running requests a router meets
-            w = (snap.age + snap.remaining)[rows] / self.mean_output_ if self.at_risk else None
-            self.recalibrator_.add(raw, y, w)
-        self.history_.observe(
-            completions.prompt_tokens,
-            completions.output_tokens,
-            completions.prompt_key,
-            completions.time_s,
-        )
+    def _recalibrate(self, completions: CompletedBatch) -> None:
+        """Person-period rows of finished requests at random ages (hazard score, finished in
+        the bin) for the online recalibrator, weighted by time at risk with ``at_risk``."""
+        snap = recalibration_snapshots(completions, self.rng_, self.recal_window, self.recal_ages)
+        rows, bins, y, _ = person_period_rows(snap.remaining, self.ends_)
+        scores = self._score(snap.now, snap.prompt_tokens, snap.age, snap.prompt_key)
+        raw = scores[rows * self.ends_.size + bins]
+        # ages are uniform within each request's life: weighing a request by its length
+        # makes the pairs a sample of the running requests a router meets
+        w = (snap.age + snap.remaining)[rows] / self.mean_output_ if self.at_risk else None
+        self.recalibrator_.add(raw, y, w)

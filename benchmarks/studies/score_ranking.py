@@ -6,15 +6,18 @@ brh:hazard,brh:oracle``), the A/B side is each estimator's steady imbalance rela
 ``brh:none`` (median of the paired ratios over the repeats). The score side is what
 ``balanceroute evaluate`` would report for the same workload: the estimators are fitted on the
 earlier 70% of the requests and scored on the rest (the per-request scores, the decision-aware
-ones, and the projection error on states of a ``brh:none`` replay with the run's B and load),
-with ``none`` scored alongside. Per run, the Spearman correlation over the deployable estimators
+ones, and the replay scores, projection error and replay ratio, from replays with the run's B
+and load),
+with ``none`` scored alongside (``scores``: one workload, every configuration of the study,
+written as JSON). Per run (``rank``), the Spearman correlation over the deployable estimators
 (``none`` included, the oracle not) between each score (oriented so that lower is better) and
 the A/B ratio; then per score its mean over runs, and how often the estimator it ranks first
 is the A/B's best or within 2% of it. Per shared trace, it also checks the recommendation that
 ``evaluate`` prints (by :data:`balanceroute.training.recommend.RANKING_SCORE`) against the A/B's
 best over the trace's runs (geometric mean of the ratios). Prints JSON.
 
-    .venv/bin/python benchmarks/studies/score_ranking.py runs/ab14 [--data ../shared/data]
+    .venv/bin/python benchmarks/studies/score_ranking.py scores mooncake --out runs/scores/mooncake.json
+    .venv/bin/python benchmarks/studies/score_ranking.py rank runs/ab14 --scores runs/scores
 """
 
 from __future__ import annotations
@@ -116,20 +119,40 @@ def correlations(ab: dict[str, float], scores: dict[str, dict[str, float]]) -> d
     return out
 
 
-def run(root: Path, data: Path, log) -> dict[str, Any]:
+CONFIGS = {  # the A/B study's runs per workload: (B, load or None for saturated)
+    "b32-saturate": (32, None),
+    "b32-load": (32, 1.1),
+    "b64-saturate": (64, None),
+    "b64-load": (64, 1.1),
+}
+
+
+def scores_command(workload: str, data: Path, out: Path, log) -> None:
+    """Compute and write the scores of one workload for every configuration of the study."""
+    spec = WorkloadSpec(trace=str(data / SHARED[workload])) if workload in SHARED else None
+    spec = spec or SYNTHETIC[workload]
+    runs = {
+        f"{workload}-{name}": {"config": {"slots": b, "saturate": load is None, "load": load}}
+        for name, (b, load) in CONFIGS.items()
+    }
+    scores = workload_scores(spec, runs, lambda m: log(f"{workload}: {m}"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(scores, indent=2, sort_keys=True) + "\n")
+
+
+def rank(root: Path, scores_dir: Path) -> dict[str, Any]:
+    """Correlations of every score with the A/B runs under ``root``."""
     summaries = {
         p.parent.name: json.loads(p.read_text()) for p in sorted(root.glob("*/summary.json"))
     }
-    specs = {name: WorkloadSpec(trace=str(data / file)) for name, file in SHARED.items()}
-    specs.update(SYNTHETIC)
     result: dict[str, Any] = {"runs": {}, "traces": {}}
     per_score: dict[str, list[dict]] = {}
-    for wl, spec in specs.items():
+    for wl in (*SHARED, *SYNTHETIC):
+        path = scores_dir / f"{wl}.json"
         runs = {n: s for n, s in summaries.items() if n.startswith(wl + "-")}
-        if not runs:
+        if not runs or not path.is_file():
             continue
-        log(f"{wl}: {len(runs)} runs")
-        scores = workload_scores(spec, runs, lambda m, wl=wl: log(f"{wl}: {m}"))
+        scores = json.loads(path.read_text())
         picks, geo = [], {}
         for name, summary in runs.items():
             ab = ab_ratios(summary)
@@ -169,15 +192,24 @@ def run(root: Path, data: Path, log) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", type=Path, help="folder of A/B runs (one sub-folder per run)")
+    sub = parser.add_subparsers(dest="command", required=True)
     default = Path(__file__).resolve().parents[3] / "shared" / "data"
-    parser.add_argument("--data", type=Path, default=default, help="folder of the shared traces")
+    p = sub.add_parser("scores", help="score the estimators of one workload, every config")
+    p.add_argument("workload", choices=[*SHARED, *SYNTHETIC])
+    p.add_argument("--data", type=Path, default=default, help="folder of the shared traces")
+    p.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    p = sub.add_parser("rank", help="correlate the scores with the A/B runs; prints JSON")
+    p.add_argument("runs", type=Path, help="folder of A/B runs (one sub-folder per run)")
+    p.add_argument("--scores", type=Path, required=True, help="folder of the scores' JSON")
     args = parser.parse_args()
 
     def log(message: str) -> None:
         print(f"score_ranking: {message}", file=sys.stderr, flush=True)
 
-    print(json.dumps(run(args.runs, args.data, log), indent=2, sort_keys=True))
+    if args.command == "scores":
+        scores_command(args.workload, args.data, args.out, log)
+    else:
+        print(json.dumps(rank(args.runs, args.scores), indent=2, sort_keys=True))
 
 
 if __name__ == "__main__":

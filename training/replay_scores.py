@@ -19,8 +19,12 @@ around that policy hands every completion to each estimator as BR-H would and, e
 ``every``-th routing call, asks each for its curves of the running requests.
 
 Replay ratio (``replay_ratio``): the steady-state mean imbalance of ``brh`` with the estimator
-over that of the same replay without prediction: the A/B's own measure, on one replay of the
+over that of the same replay without prediction: the A/B's own measure, on replays of the
 holdout's requests (a score of the estimator in the router, not of its accuracy).
+
+Like the A/B harness, the requests are replayed in ``repeats`` evenly spaced windows of half of
+them each (one replay varies a lot from window to window): the states are sampled in every
+window, and the replay ratio is the median over the windows.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import pandas as pd
 
 from balanceroute.features.errors import UserError
 from balanceroute.predict.base import CompletedBatch, CompletionEstimator, RunningBatch
+from balanceroute.router.ab import replay_windows
 from balanceroute.router.policy import Policy, RunContext
 from balanceroute.router.prefill import PrefillConfig
 from balanceroute.router.runner import ReplaySpec, replay
@@ -42,6 +47,7 @@ from balanceroute.router.state import Admissions, RouterState
 from balanceroute.training.decision import discount_weights
 
 STATE_ROUTER = "brh:none"
+WINDOW_FRACTION = 0.5  # each replayed window holds half of the requests, as in the A/B study
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +60,9 @@ class ReplayScoreConfig:
     load: float | None = field(
         default=None, metadata={"help": "offered load (x capacity); None: saturated"}
     )
+    repeats: int = field(
+        default=3, metadata={"help": "windows replayed, half of the requests each, as in an A/B"}
+    )
     every: int = field(default=10, metadata={"help": "routing calls between sampled states"})
     max_states: int = field(default=300, metadata={"help": "sampled states at most"})
 
@@ -62,6 +71,7 @@ class ReplayScoreConfig:
             (self.workers >= 1, f"workers must be >= 1, got {self.workers}"),
             (self.slots >= 1, f"slots must be >= 1, got {self.slots}"),
             (self.load is None or self.load > 0, f"load must be > 0, got {self.load}"),
+            (self.repeats >= 1, f"repeats must be >= 1, got {self.repeats}"),
             (self.every >= 1, f"every must be >= 1, got {self.every}"),
             (self.max_states >= 1, f"max_states must be >= 1, got {self.max_states}"),
         ]
@@ -198,14 +208,31 @@ def replay_scores(
     cfg: ReplayScoreConfig | None = None,
 ) -> dict[str, dict[str, float]]:
     """``proj_error``, ``proj_error_margin`` (with ``proj_states`` sampled) and
-    ``replay_ratio`` of every estimator, from replays of ``requests``; the estimators are
-    copied, so the originals learn nothing."""
+    ``replay_ratio`` of every estimator, from replays of ``cfg.repeats`` windows of
+    ``requests`` (as the A/B harness cuts them); the estimators are copied for every replay, so
+    the originals learn nothing. The replay ratio is the median over the windows."""
     cfg = cfg or ReplayScoreConfig()
-    out, base = projection_errors(estimators, requests, gamma, horizon, cfg)
-    for kind, est in estimators.items():
-        _, summary = replay(requests, cfg.spec(), estimator=copy.deepcopy(est), record_loads=False)
-        out[kind]["replay_ratio"] = summary["steady_mean_imbalance"] / max(base, 1e-12)
-    return out
+    sums = {k: np.zeros(2) for k in estimators}
+    ratios: dict[str, list[float]] = {k: [] for k in estimators}
+    states = 0
+    for start, stop in replay_windows(len(requests), cfg.repeats, WINDOW_FRACTION):
+        part = requests.iloc[start:stop].reset_index(drop=True)
+        part["arrival_s"] = part["arrival_s"] - part["arrival_s"].iloc[0]
+        errors, n, base = projection_errors(estimators, part, gamma, horizon, cfg)
+        states += n
+        for kind, est in estimators.items():
+            sums[kind] += errors[kind]
+            _, summary = replay(part, cfg.spec(), estimator=copy.deepcopy(est), record_loads=False)
+            ratios[kind].append(summary["steady_mean_imbalance"] / max(base, 1e-12))
+    return {
+        k: {
+            "proj_error": float(sums[k][0] / max(states, 1)),
+            "proj_error_margin": float(sums[k][1] / max(states, 1)),
+            "proj_states": states,
+            "replay_ratio": float(np.median(ratios[k])),
+        }
+        for k in estimators
+    }
 
 
 def projection_errors(
@@ -214,14 +241,16 @@ def projection_errors(
     gamma: float,
     horizon: int,
     cfg: ReplayScoreConfig,
-) -> tuple[dict[str, dict[str, float]], float]:
-    """``proj_error`` and ``proj_error_margin`` of every estimator (copies) on states sampled
-    from the prediction-free replay, and that replay's steady imbalance."""
+) -> tuple[dict[str, np.ndarray], int, float]:
+    """Summed ``(proj_error, proj_error_margin)`` of every estimator (copies) over the states
+    sampled from the prediction-free replay of ``requests``, how many, and that replay's
+    steady imbalance."""
     passengers = {k: copy.deepcopy(e) for k, e in estimators.items()}
     sampler: list[StateSampler] = []
+    per_window = max(cfg.max_states // cfg.repeats, 1)
 
     def wrap(policy: Policy) -> Policy:
-        sampler.append(StateSampler(policy, passengers, horizon, cfg.every, cfg.max_states))
+        sampler.append(StateSampler(policy, passengers, horizon, cfg.every, per_window))
         return sampler[0]
 
     result, summary = replay(requests, cfg.spec(), wrap=wrap, record_loads=False)
@@ -237,9 +266,4 @@ def projection_errors(
         np.add.at(actual, st.worker, gone)
         for kind, dep in st.departed.items():
             sums[kind] += state_errors(dep, actual, float(st.workload.sum()), weights)
-    n = max(len(states), 1)
-    errors = {
-        k: {"proj_error": s[0] / n, "proj_error_margin": s[1] / n, "proj_states": len(states)}
-        for k, s in sums.items()
-    }
-    return errors, float(summary["steady_mean_imbalance"])
+    return sums, len(states), float(summary["steady_mean_imbalance"])

@@ -8,6 +8,7 @@ estimator is recommended only if it beats ``none`` on that score by more than ``
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -67,8 +68,9 @@ def recommend(
     deployable: set[str] | None = None,
 ) -> Recommendation:
     """The best of ``metrics`` (which must hold ``none``) by ``score``; ``none`` unless the best
-    estimator improves on it by more than ``margin`` (relative). Only ``deployable`` kinds
-    (default: every kind given) are candidates."""
+    estimator improves on it by more than ``margin`` (relative), or when the score could not be
+    measured for ``none`` (NaN). Only ``deployable`` kinds (default: every kind given) are
+    candidates; an estimator whose score is NaN is not."""
     if score not in SCORE_SIGNS:
         raise ValueError(f"unknown score '{score}'; known: {', '.join(SCORE_SIGNS)}")
     sign = SCORE_SIGNS[score]
@@ -77,6 +79,9 @@ def recommend(
         for k, m in metrics.items()
         if score in m and (deployable is None or k in deployable or k == REFERENCE)
     }
+    values = {k: v for k, v in values.items() if math.isfinite(v)}
+    if REFERENCE not in values:
+        return Recommendation(REFERENCE, score, values, margin)
     base = values[REFERENCE]
     best = min(values, key=lambda k: sign * values[k])
     gain = sign * (base - values[best]) / max(abs(base), 1e-12)

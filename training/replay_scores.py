@@ -79,10 +79,11 @@ class ReplayScoreConfig:
             if not ok:
                 raise UserError(f"replay scores: {msg}")
 
-    def spec(self) -> ReplaySpec:
-        """The replay: ``brh`` without prediction on this group, saturated or at ``load``."""
+    def spec(self, horizon: int) -> ReplaySpec:
+        """The replay: ``brh`` looking ``horizon`` ahead, without prediction (the estimator
+        given to the replay replaces it), on this group, saturated or at ``load``."""
         return ReplaySpec(
-            router=RouterSpec.parse(STATE_ROUTER),
+            router=RouterSpec.parse(f"{STATE_ROUTER}{{horizon={int(horizon)}}}"),
             workers=self.workers,
             slots=self.slots,
             prefill=PrefillConfig(saturate=self.load is None),
@@ -222,14 +223,18 @@ def replay_scores(
         states += n
         for kind, est in estimators.items():
             sums[kind] += errors[kind]
-            _, summary = replay(part, cfg.spec(), estimator=copy.deepcopy(est), record_loads=False)
-            ratios[kind].append(summary["steady_mean_imbalance"] / max(base, 1e-12))
+            _, summary = replay(
+                part, cfg.spec(horizon), estimator=copy.deepcopy(est), record_loads=False
+            )
+            steady = summary["steady_mean_imbalance"]
+            if steady is not None and base:  # None: the pool never waited (a window too small)
+                ratios[kind].append(steady / base)
     return {
         k: {
             "proj_error": float(sums[k][0] / max(states, 1)),
             "proj_error_margin": float(sums[k][1] / max(states, 1)),
             "proj_states": states,
-            "replay_ratio": float(np.median(ratios[k])),
+            "replay_ratio": float(np.median(ratios[k])) if ratios[k] else float("nan"),
         }
         for k in estimators
     }
@@ -241,10 +246,10 @@ def projection_errors(
     gamma: float,
     horizon: int,
     cfg: ReplayScoreConfig,
-) -> tuple[dict[str, np.ndarray], int, float]:
+) -> tuple[dict[str, np.ndarray], int, float | None]:
     """Summed ``(proj_error, proj_error_margin)`` of every estimator (copies) over the states
     sampled from the prediction-free replay of ``requests``, how many, and that replay's
-    steady imbalance."""
+    steady imbalance (None if the pool never waited)."""
     passengers = {k: copy.deepcopy(e) for k, e in estimators.items()}
     sampler: list[StateSampler] = []
     per_window = max(cfg.max_states // cfg.repeats, 1)
@@ -253,7 +258,7 @@ def projection_errors(
         sampler.append(StateSampler(policy, passengers, horizon, cfg.every, per_window))
         return sampler[0]
 
-    result, summary = replay(requests, cfg.spec(), wrap=wrap, record_loads=False)
+    result, summary = replay(requests, cfg.spec(horizon), wrap=wrap, record_loads=False)
     weights = discount_weights(horizon, gamma)
     hs = np.arange(horizon + 1)
     finish = result.admit_iter + result.output_tokens
@@ -266,4 +271,4 @@ def projection_errors(
         np.add.at(actual, st.worker, gone)
         for kind, dep in st.departed.items():
             sums[kind] += state_errors(dep, actual, float(st.workload.sum()), weights)
-    return sums, len(states), float(summary["steady_mean_imbalance"])
+    return sums, len(states), summary["steady_mean_imbalance"]

@@ -1,25 +1,30 @@
 """``hazard``: a discrete-time hazard model, each running request's own survival curve.
 
-One LightGBM classifier of the chance to finish in each age bin given survival to its start:
+One LightGBM classifier of the chance to finish in each age bin given survival to its start
+(docs/design.md, "Estimators"):
 
 - the horizon ``1..H`` ahead of a request is cut into ``bins`` bins, one iteration wide near the
   present and widening toward ``H`` (:func:`balanceroute.features.causal.hazard_bins`), because
   BR-H's discounted projection weighs the next few iterations most;
 - training rows are person-period rows (:func:`balanceroute.features.causal.person_period_rows`)
-  of :func:`balanceroute.features.causal.training_rows` snapshots: one row per bin a snapshot is at
-  risk in, labelled 1 in the bin where it finished; each row holds the snapshot's causal
-  features (:func:`balanceroute.features.causal.trace_snapshot_features`), its bin, and the
-  empirical survival estimators' own chance to finish in that bin at that age
+  of :func:`balanceroute.features.causal.training_rows` snapshots, weighted by time at risk
+  (``at_risk``: as a router meets running requests): one row per bin a snapshot is at risk in,
+  labelled 1 in the bin where it finished, a ``survivor_fraction`` of the non-event rows kept
+  and reweighted; each row holds the snapshot's causal features
+  (:func:`balanceroute.features.causal.trace_snapshot_features`) but those of the latest few
+  completions and of the clock (unless ``recent_features``), its bin, and the empirical
+  estimators' own chance to finish in that bin at that age
   (:func:`balanceroute.features.causal.trace_period_features`), so the booster learns a
   correction of ``survival`` and ``exactmatch`` rather than the hazard from scratch;
 - the hazards are calibrated (Platt on the logit of the per-bin hazard) on the latest
   ``calib_fraction`` of the training requests, held out of the booster, which is then (with
   ``refit_full``) retrained on every row; ``observe()`` recalibrates online like ``gbdt`` does,
-  from finished requests scored at random ages before they are learned;
-- the curve is ``P(r > h) = prod`` of the bins' survival, spread within a bin as a constant
+  from finished requests scored at random ages before they are learned (weighted by length);
+- the curve is the product of the bins' survivals, spread within a bin as a constant
   per-iteration hazard (:func:`balanceroute.predict.curves.hazard_curves`), so ``p_finish`` and
   ``c`` are the curve's own (``from_survival``);
-- prediction walks the booster flattened to arrays (:class:`Forest`); the saved model keeps
+- prediction walks the booster flattened to arrays (:meth:`Forest.raw_grouped`: splits on a
+  request's own features once per request, on its bins' once per bin); the saved model keeps
   LightGBM's model text but no booster object, as ``gbdt`` does.
 """
 

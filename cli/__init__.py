@@ -14,7 +14,9 @@ import os
 import sys
 from collections.abc import Sequence
 
+from balanceroute.cli.options import OneLineParser
 from balanceroute.features.errors import UserError
+from balanceroute.features.limits import input_limits
 
 # command -> (module, one-line help); the module's register(sub) adds the full subparser.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -37,6 +39,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "score estimators on the time-ordered holdout",
     ),
     "serve": ("balanceroute.cli.serve", "serve predictions and routing decisions over HTTP"),
+    "emulate": (
+        "balanceroute.cli.emulate",
+        "run a decode group behind one OpenAI-compatible port per rank",
+    ),
+    "bench": (
+        "balanceroute.cli.bench",
+        "replay a trace against OpenAI-compatible endpoints and measure it",
+    ),
 }
 
 
@@ -49,7 +59,7 @@ def _chosen(argv: Sequence[str]) -> str | None:
 def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     """The root parser: the chosen command in full, the others by name and help only (every
     command in full when none is chosen, for ``--help``)."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="balanceroute",
         description="Admission and routing for synchronized LLM decode workers.",
     )
@@ -68,13 +78,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns its exit code."""
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(argv)
+    try:
+        input_limits()  # a bad BALANCEROUTE_MAX_* override is an error of every command
+        parser = build_parser(argv)
+    except UserError as exc:
+        print(f"balanceroute: error: {exc}", file=sys.stderr)
+        return exc.exit_code
     args = parser.parse_args(argv)
     try:
         code = args.func(args)
     except UserError as exc:
         print(f"balanceroute {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except OSError as exc:  # an unexpected file error still gets one line naming the path
+        where = f" '{exc.filename}'" if exc.filename else ""
+        print(
+            f"balanceroute {args.command}: error: cannot access{where}: {exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

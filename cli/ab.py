@@ -5,17 +5,17 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 from balanceroute.cli.options import (
+    MAX_WORKERS,
     add_tier_args,
     add_workload_args,
+    bounded_int,
     cost_from_args,
     fraction,
-    positive_int,
     workload_from_args,
 )
-from balanceroute.features.errors import UserError
+from balanceroute.features.files import output_folder
 from balanceroute.features.workload import load_workload
 from balanceroute.router.ab import ABConfig, progress_printer
 from balanceroute.router.specs import parse_arms
@@ -32,8 +32,10 @@ def worker_counts(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(
             f"expected integers separated by commas, got {text!r}"
         ) from None
-    if not counts or min(counts) < 1:
-        raise argparse.ArgumentTypeError(f"every G must be at least 1, got {text!r}")
+    if not counts or min(counts) < 1 or max(counts) > MAX_WORKERS:
+        raise argparse.ArgumentTypeError(
+            f"every G must be between 1 and {MAX_WORKERS:,}, got {text!r}"
+        )
     return counts
 
 
@@ -53,7 +55,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="comma-separated arms, e.g. count-jsq,token-jsq,br0,brh:none,brh:survival,brh:oracle",
     )
     p.add_argument("--workers", type=worker_counts, default=(8,), help="G, or several: 4,8,16")
-    p.add_argument("--repeats", type=positive_int, default=5, help="windows of the replayed trace")
+    p.add_argument(
+        "--repeats", type=bounded_int(1, 1000), default=5, help="windows of the replayed trace"
+    )
     p.add_argument(
         "--window-fraction",
         type=fraction,
@@ -67,7 +71,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="earlier share of the trace that trains on-the-fly estimators",
     )
     p.add_argument("--reference", help="reference arm for ratios (default count-jsq or first)")
-    p.add_argument("--jobs", type=positive_int, default=1, help="parallel processes")
+    p.add_argument("--jobs", type=bounded_int(1, 256), default=1, help="parallel processes")
     p.add_argument("--dask-scheduler", help="run on an existing Dask cluster at this address")
     p.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
     add_tier_args(p)
@@ -94,9 +98,7 @@ def cmd_ab(args: argparse.Namespace) -> int:
     )
     cfg.reference_arm()
     frame, source = load_workload(workload_from_args(args))
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out '{out}' is a file, not a folder")
+    out = output_folder(args.out)
     done = run_ab_experiment(
         frame,
         source,

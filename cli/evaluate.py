@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from balanceroute.cli.options import (
     add_dataclass_args,
     add_workload_args,
     given_fields,
-    positive_int,
+    horizon_count,
     workload_from_args,
 )
 from balanceroute.cli.train import add_key_arg, kinds
 from balanceroute.predict.model_store import DEFAULT_MODEL_NAME
-from balanceroute.training.evaluate import EvaluateConfig, run_evaluate
+from balanceroute.training.evaluate import EvaluateConfig, metrics_table, run_evaluate
 from balanceroute.training.replay_scores import ReplayScoreConfig
 
 REPLAY_DEST = "replay_"
@@ -34,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="kind(s) to load by alias from the registered model (e.g. gbdt or survival,gbdt)",
     )
     p.add_argument("--model-name", default=DEFAULT_MODEL_NAME, help="registered model for aliases")
-    p.add_argument("--horizon", type=positive_int, default=80, help="lookahead H in iterations")
+    p.add_argument("--horizon", type=horizon_count, default=80, help="lookahead H in iterations")
     p.add_argument(
         "--warmup",
         action="store_true",
@@ -47,7 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    """Evaluate and print the metrics (without the per-age breakdown), then the
+    """Evaluate, print the metrics as a table (all of them are in metrics.json), then the
     recommendation line."""
     given = given_fields(args, ReplayScoreConfig, dest_prefix=REPLAY_DEST)
     metrics, rec = run_evaluate(
@@ -63,7 +62,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             replay=ReplayScoreConfig(**given),
         )
     )
-    brief = {k: {m: v for m, v in d.items() if m != "by_age"} for k, d in metrics.items()}
-    print(json.dumps(brief, indent=2))
+    print(metrics_table(metrics))
+    print(f"\nwrote {Path(args.out) / 'metrics.json'} (every metric, by age too) and plots")
     print(rec.line())
     return 0

@@ -14,25 +14,47 @@ import math
 import sys
 import types
 from collections.abc import Callable, Iterable
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from typing import Any, NoReturn, Union, get_args, get_origin, get_type_hints
 
 from balanceroute.features.loaders import AUTO, FORMATS
 from balanceroute.features.synthetic import PRESETS
 from balanceroute.features.workload import WorkloadSpec
+from balanceroute.predict.base import MAX_HORIZON
 from balanceroute.router.balance_config import BalanceRouteConfig
 from balanceroute.router.cost import COST_PRESETS, cost_preset
 from balanceroute.router.prefill import PrefillConfig
 
+MAX_INT = 2**31 - 1
+MAX_WORKERS = 4096
+MAX_SLOTS = 65_536
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+
+def bounded_int(low: int, high: int) -> Callable[[str], int]:
+    """argparse type: a whole number in ``[low, high]``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low:,}, got {text}")
+        if value > high:
+            raise argparse.ArgumentTypeError(f"must be at most {high:,}, got {text}")
+        return value
+
+    parse.__name__ = "int"  # argparse names the type in its messages
+    return parse
+
+
+positive_int = bounded_int(1, MAX_INT)
+positive_int.__doc__ = "argparse type: an integer in 1..2**31 - 1."
+workers_count = bounded_int(1, MAX_WORKERS)
+slots_count = bounded_int(1, MAX_SLOTS)
+horizon_count = bounded_int(1, MAX_HORIZON)
+seed_int = bounded_int(0, 2**32 - 1)
+request_count = bounded_int(1, 10_000_000)
+key_blocks_count = bounded_int(1, 1024)
 
 
 def positive_float(text: str) -> float:
@@ -44,6 +66,19 @@ def positive_float(text: str) -> float:
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
     return value
+
+
+def bounded_float(low: float, high: float) -> Callable[[str], float]:
+    """argparse type: a finite number in ``(low, high]``."""
+
+    def parse(text: str) -> float:
+        value = _scalar(float)(text)
+        if not low < value <= high:
+            raise argparse.ArgumentTypeError(f"must be > {low:g} and <= {high:g}, got {text}")
+        return value
+
+    parse.__name__ = "float"
+    return parse
 
 
 def fraction(text: str) -> float:
@@ -58,7 +93,10 @@ def fraction(text: str) -> float:
 
 
 def _scalar(kind: type) -> Callable[[str], Any]:
-    """argparse type of a scalar field (numbers must be finite)."""
+    """argparse type of a scalar field (numbers must be finite, whole numbers fit 32 bits; the
+    configuration's own checks bound the rest)."""
+    if kind is int:
+        return bounded_int(-MAX_INT, MAX_INT)
 
     def parse(text: str) -> Any:
         try:
@@ -70,6 +108,22 @@ def _scalar(kind: type) -> Callable[[str], Any]:
         return value
 
     return parse
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type: a finite number >= 0."""
+    value = _scalar(float)(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line on stderr and exit code 2 (no usage
+    block: ``--help`` shows it)."""
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def _nullable(parse: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -168,10 +222,10 @@ def add_workload_args(parser: argparse.ArgumentParser) -> None:
     src = g.add_mutually_exclusive_group()
     src.add_argument("--trace", help=help_of["trace"])
     src.add_argument("--preset", choices=list(PRESETS), help=help_of["preset"])
-    g.add_argument("--requests", type=positive_int, help=help_of["requests"])
-    g.add_argument("--seed", type=int, default=0, help=help_of["seed"])
+    g.add_argument("--requests", type=request_count, help=help_of["requests"])
+    g.add_argument("--seed", type=seed_int, default=0, help=help_of["seed"])
     g.add_argument("--format", default=AUTO, choices=[AUTO, *FORMATS], help=help_of["format"])
-    g.add_argument("--key-blocks", type=positive_int, default=2, help=help_of["key_blocks"])
+    g.add_argument("--key-blocks", type=key_blocks_count, default=2, help=help_of["key_blocks"])
 
 
 def workload_from_args(args: argparse.Namespace) -> WorkloadSpec:
@@ -190,24 +244,37 @@ def add_tier_args(parser: argparse.ArgumentParser) -> None:
     """Decode tier, prefill tier, arrival scaling and cost model."""
     g = parser.add_argument_group("decode tier")
     g.add_argument(
-        "--slots", type=positive_int, default=64, help="B: slots per worker (max_num_seqs)"
+        "--slots", type=slots_count, default=64, help="B: slots per worker (max_num_seqs)"
     )
     load = g.add_mutually_exclusive_group()
     load.add_argument(
-        "--rate-scale", type=positive_float, default=1.0, help="arrivals X times faster"
+        "--rate-scale", type=bounded_float(0, 1e6), default=1.0, help="arrivals X times faster"
     )
     load.add_argument(
-        "--load", type=positive_float, help="arrivals at X times the estimated decode capacity"
+        "--load",
+        type=bounded_float(0, 1e3),
+        help="arrivals at X times the estimated decode capacity",
     )
     load.add_argument("--saturate", action="store_true", help="release everything at t=0")
     g.add_argument("--cost", default="paper-dsv3", choices=sorted(COST_PRESETS))
     g.add_argument(
-        "--t-fixed", type=_scalar(float), help="override the preset's fixed step time (s)"
+        "--t-fixed", type=non_negative_float, help="override the preset's fixed step time (s)"
     )
     g.add_argument(
-        "--t-token", type=_scalar(float), help="override the preset's time per KV token (s)"
+        "--t-token", type=non_negative_float, help="override the preset's time per KV token (s)"
     )
-    g.add_argument("--prefill-instances", type=positive_int, default=4, help="prefill instances P")
+    g.add_argument(
+        "--prefill-instances",
+        type=prefill_instances,
+        default=4,
+        help="prefill instances P, or 'auto': as many as the arrivals need (see the summary's "
+        "achieved_decode_load)",
+    )
+
+
+def prefill_instances(text: str) -> int:
+    """argparse type: a number of prefill instances, or ``auto`` (0)."""
+    return 0 if text.strip().lower() == "auto" else bounded_int(1, 4096)(text)
 
 
 def cost_from_args(args: argparse.Namespace):

@@ -4,21 +4,21 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from balanceroute.cli.options import (
     add_alias,
     add_router_option_args,
     add_tier_args,
     add_workload_args,
+    bounded_float,
     cost_from_args,
     fraction,
-    positive_float,
-    positive_int,
     prefill_from_args,
     router_options,
+    workers_count,
     workload_from_args,
 )
+from balanceroute.features.files import output_folder
 from balanceroute.features.workload import load_workload
 from balanceroute.predict.factory import EstimatorSpec
 from balanceroute.router.registry import policy_names
@@ -71,14 +71,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_alias(p, "--predictor-url", "--estimator-url", "estimator_url")
     p.add_argument(
         "--estimator-timeout",
-        type=positive_float,
+        type=bounded_float(0, 60),
         default=0.02,
         help="seconds before a remote prediction falls back locally",
     )
     add_alias(
-        p, "--predictor-timeout", "--estimator-timeout", "estimator_timeout", type=positive_float
+        p,
+        "--predictor-timeout",
+        "--estimator-timeout",
+        "estimator_timeout",
+        type=bounded_float(0, 60),
     )
-    p.add_argument("--workers", type=positive_int, default=8, help="G: workers in the group")
+    p.add_argument("--workers", type=workers_count, default=8, help="G: workers in the group")
     add_tier_args(p)
     add_router_option_args(p)
     p.add_argument("--out", required=True, help="output folder")
@@ -101,7 +105,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         load=args.load,
     )
     remote = RemoteSpec(args.estimator_url, args.estimator_timeout) if args.estimator_url else None
-    out = Path(args.out)
+    out = output_folder(args.out)
     summary = simulate_workload(
         frame,
         source,

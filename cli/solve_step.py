@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from balanceroute.cli.options import positive_float
+from balanceroute.cli.options import bounded_float, bounded_int
 from balanceroute.features.files import jsonable
 from balanceroute.serving.solve import solve_posted_step
 
@@ -23,12 +23,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model-uri", help="completion estimator for brh (default: none)")
     p.add_argument(
         "--candidates",
-        type=int,
+        type=bounded_int(0, 64),
         default=0,
         help="consider at least this many waiting requests (default: the window)",
     )
     p.add_argument(
-        "--time-limit", type=positive_float, default=30.0, help="MILP time limit, seconds"
+        "--time-limit", type=bounded_float(0, 3600), default=30.0, help="MILP time limit, seconds"
     )
     p.set_defaults(func=cmd_solve_step)
 

@@ -7,9 +7,17 @@ import json
 import sys
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from balanceroute.cli.options import fraction, positive_int
+from balanceroute.cli.options import (
+    fraction,
+    key_blocks_count,
+    positive_int,
+    request_count,
+    seed_int,
+)
+from balanceroute.features.errors import UserError
 from balanceroute.features.loaders import AUTO, FORMATS, detect_format, load_trace
 from balanceroute.features.split import time_split
 from balanceroute.features.stats import trace_stats
@@ -33,12 +41,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     synth.add_argument(
         "--requests",
-        type=positive_int,
+        type=request_count,
         default=DEFAULT_REQUESTS,
         help="number of requests (default: %(default)s)",
     )
     synth.add_argument(
-        "--seed", type=int, default=0, help="random seed; the same seed gives the same trace"
+        "--seed", type=seed_int, default=0, help="random seed; the same seed gives the same trace"
     )
     synth.add_argument(
         "--out", required=True, help="output file: .csv, .parquet or .jsonl (written atomically)"
@@ -55,7 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     inspect.add_argument(
         "--key-blocks",
-        type=positive_int,
+        type=key_blocks_count,
         default=2,
         help="Mooncake: leading hash blocks that form the prompt key (default: %(default)s)",
     )
@@ -73,7 +81,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     split.add_argument("file", help="trace file (any supported layout)")
     split.add_argument("--at", type=fraction, default=0.5, help="earlier share (default 0.5)")
     split.add_argument("--format", default=AUTO, choices=[AUTO, *FORMATS])
-    split.add_argument("--key-blocks", type=positive_int, default=2)
+    split.add_argument("--key-blocks", type=key_blocks_count, default=2)
     split.add_argument("--head", required=True, help="output file for the earlier part")
     split.add_argument("--tail", required=True, help="output file for the later part")
     split.set_defaults(func=_split)
@@ -97,11 +105,25 @@ def _synth(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_outputs(source: str, outputs: dict[str, str]) -> None:
+    """Refuse outputs that would overwrite the input, or each other."""
+    src = Path(source).resolve()
+    seen: dict[Path, str] = {}
+    for flag, path in outputs.items():
+        target = Path(path).resolve()
+        if target == src:
+            raise UserError(f"{flag} '{path}' is the input file: it would be overwritten")
+        if target in seen:
+            raise UserError(f"{flag} and {seen[target]} name the same file '{path}'")
+        seen[target] = flag
+
+
 def _split(args: argparse.Namespace) -> int:
     """Write the earlier and later parts of a trace to two files."""
     trace = _with_warnings(
         "trace split", lambda: load_trace(args.file, format=args.format, key_blocks=args.key_blocks)
     )
+    check_outputs(args.file, {"--head": args.head, "--tail": args.tail})
     head, tail = time_split(trace, args.at, rebase_tail=True)
     write_trace(head, args.head)
     write_trace(tail, args.tail)

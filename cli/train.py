@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from balanceroute.cli.options import add_workload_args, positive_int, workload_from_args
+from balanceroute.cli.options import add_workload_args, horizon_count, workload_from_args
 from balanceroute.features.keys import AUTO_KEY, KEY_SOURCES
 from balanceroute.predict.model_store import DEFAULT_MODEL_NAME
 from balanceroute.training.tracking import DEFAULT_ESTIMATORS, DEFAULT_EXPERIMENT
@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train, evaluate, track and register completion estimators")
     add_workload_args(p)
     add_key_arg(p)
-    p.add_argument("--horizon", type=positive_int, default=80, help="lookahead H in iterations")
+    p.add_argument("--horizon", type=horizon_count, default=80, help="lookahead H in iterations")
     p.add_argument(
         "--estimators",
         type=kinds,
@@ -44,6 +44,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--register-as", default=DEFAULT_MODEL_NAME, help="registered model receiving the versions"
     )
     p.add_argument("--out", help="local artifact folder (default ./artifacts/models/<run>)")
+    p.add_argument(
+        "--promote",
+        action="store_true",
+        help="make this run's best estimator the champion even if it does not beat the current "
+        "champion on this run's holdout",
+    )
     p.set_defaults(func=cmd_train)
 
 
@@ -57,6 +63,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         experiment=args.experiment,
         register_as=args.register_as,
         out=args.out,
+        promote=args.promote,
     )
     summary = run_train(cfg)
     brief = {k: summary[k] for k in ("run_name", "local_dir", "registry", "metrics")}

@@ -39,6 +39,20 @@ def atomic_output(path: str | Path) -> Iterator[Path]:
             os.unlink(tmp)
 
 
+def output_folder(path: str | Path) -> Path:
+    """``path`` as a folder to write results in, checked before any work starts: a UserError
+    naming it if it is a file or its nearest existing folder is not writable. Nothing is
+    created here (the atomic writes create the folder with the first result), so a command
+    that fails later leaves nothing behind."""
+    target = Path(path)
+    if target.exists() and not target.is_dir():
+        raise UserError(f"cannot write in '{target}': it is a file, not a folder")
+    existing = next((p for p in (target, *target.absolute().parents) if p.exists()), None)
+    if existing is None or not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"cannot write in '{target}': '{existing}' is not a writable folder")
+    return target
+
+
 def write_bytes(path: str | Path, data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically, flushed to disk before the rename."""
     with atomic_output(path) as tmp, tmp.open("wb") as fh:

@@ -8,11 +8,13 @@ synthetic generator return a frame that :func:`validate_trace` accepts.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from balanceroute.features.errors import TraceError
+from balanceroute.features.limits import input_limits
 
 CANONICAL_COLUMNS: tuple[str, ...] = (
     "request_id",
@@ -40,12 +42,16 @@ def as_token_counts(
     source: object = "<trace>",
     field: str = "tokens",
     rows: np.ndarray | None = None,
+    most: int | None = None,
 ) -> np.ndarray:
-    """Whole token counts >= 1 as int64, so every reader rejects bad lengths the same way.
+    """Whole token counts in ``[1, most]`` as int64, so every reader rejects bad lengths the
+    same way (``most`` defaults to the prompt bound of :mod:`balanceroute.features.limits`).
 
-    Raises :class:`TraceError` naming ``source``, ``field`` and the 1-based data row of the
-    first bad value (row 1 is the first request; ``rows`` maps positions to file rows).
+    Raises :class:`TraceError` naming ``source``, ``field`` (the file's own column) and the
+    1-based data row of the first bad value (row 1 is the first request; ``rows`` maps
+    positions to file rows).
     """
+    most = input_limits().max_prompt_tokens if most is None else most
     raw = pd.to_numeric(values, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
     bad = ~np.isfinite(raw) | (raw != np.round(raw))
     if bad.any():
@@ -59,16 +65,29 @@ def as_token_counts(
             row=_row(rows, i),
             field=field,
         )
-    low = 1
-    if (raw < low).any():
-        i = _first_bad(raw < low)
-        raise TraceError(
-            f"must be at least {low}, got {int(raw[i])}",
-            path=source,
-            row=_row(rows, i),
-            field=field,
-        )
+    for bad, what in ((raw < 1, "must be at least 1"), (raw > most, f"must be at most {most:,}")):
+        if bad.any():
+            i = _first_bad(bad)
+            raise TraceError(
+                f"{what}, got {raw[i]:,.0f}", path=source, row=_row(rows, i), field=field
+            )
     return raw.astype(np.int64)
+
+
+def length_columns(
+    chunk: Any, prompt: str, output: str, *, source: object, rows: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Prompt and output token counts of a chunk's ``prompt`` and ``output`` columns, each
+    checked against its input limit (errors name the file's own column)."""
+    lim = input_limits()
+    return (
+        as_token_counts(
+            chunk[prompt], source=source, field=prompt, rows=rows, most=lim.max_prompt_tokens
+        ),
+        as_token_counts(
+            chunk[output], source=source, field=output, rows=rows, most=lim.max_output_tokens
+        ),
+    )
 
 
 def as_seconds(
@@ -110,13 +129,17 @@ def validate_trace(frame: pd.DataFrame, source: object = "<trace>") -> pd.DataFr
             field=missing[0],
         )
     out = pd.DataFrame(index=pd.RangeIndex(len(frame)))
-    for col in ("prompt_tokens", "output_tokens"):
-        out[col] = as_token_counts(frame[col], source=source, field=col)
+    lim = input_limits()
+    out["prompt_tokens"], out["output_tokens"] = length_columns(
+        frame, "prompt_tokens", "output_tokens", source=source
+    )
     arrival = as_seconds(frame["arrival_s"], source=source, field="arrival_s")
-    if (arrival < 0).any():
-        i = _first_bad(arrival < 0)
+    late = (arrival < 0) | (arrival > lim.max_arrival_s)
+    if late.any():
+        i = _first_bad(late)
         raise TraceError(
-            f"arrival time must be >= 0 seconds from trace start, got {arrival[i]}",
+            f"arrival time must be >= 0 and <= {lim.max_arrival_s:g} seconds from the trace's "
+            f"start, got {arrival[i]:g}",
             path=source,
             row=i + 1,
             field="arrival_s",

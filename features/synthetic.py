@@ -22,13 +22,16 @@ output std against the overall one):
   1,386 / 2,000; 3.40 req/s in 3 s batches; keys recur for 58%, output std 117 vs 283.
 - geometric: prompt 1,022 / 592 / 1,019 / 2,028 / 2,048; output 256 / 257 / 176 / 1,189 /
   2,923; 4.00 req/s (Poisson); no keys.
+- code-completion: see ``tests/features/test_synthetic.py`` for the targets it is held to.
 
 Targets: paper-prod mean prompt 3,197 (std about 2,500), mean output 1,185 (std about 1,400),
 the paper's production trace; azure-conv the Azure 2023 conversation trace (prompt mean 1,155,
 median 1,020, max 14,050; output mean 211, median 129, capped at 1,000; within-length output std
 57 vs 163 overall; 5.5 req/s); mooncake-conv the Mooncake conversation trace (prompt mean
 12,035, output mean 343, 57% of requests share their first two blocks; 3.4 req/s in 3-second
-batches); geometric the paper's theorem regime (prompts uniform on 1..s, decode lengths
+batches); code-completion short outputs next to ``H = 80`` (prompts of a few thousand tokens:
+mean 3,000; outputs of a few dozen: mean 40, at most 512), the shape of IDE code completion;
+geometric the paper's theorem regime (prompts uniform on 1..s, decode lengths
 geometric with mean 1/p, no template signal).
 """
 
@@ -280,6 +283,22 @@ PRESETS: dict[str, Preset] = {
             max_prompt=131072,
             max_output=2000,
             key_style="mooncake",
+        ),
+        TemplatePreset(
+            name="code-completion",
+            summary="code completion: prompts of a few thousand tokens, outputs of a few dozen",
+            # About the decode capacity of G = 8, B = 64 under paper-dsv3: 512 slots freed every
+            # 40 iterations of about 42 ms + 0.55 us * 64 * 3,000 tokens, i.e. 85 requests/s.
+            arrivals=Bursts(rate=80.0),
+            templates=5000,
+            popularity=0.6,
+            one_off_share=0.3,
+            prompt=LogNormal.from_moments(3000, 1500, within=0.3),
+            prompt_spread=0.3,
+            output=LogNormal.from_moments(40, 40, within=0.5),
+            output_spread=0.5,
+            max_prompt=16384,
+            max_output=512,
         ),
         GeometricPreset(
             name="geometric",

@@ -7,9 +7,7 @@ destination only once complete: a crash or an error never leaves a half-written 
 
 from __future__ import annotations
 
-import contextlib
 import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -18,6 +16,7 @@ import orjson
 import pandas as pd
 
 from balanceroute.features.errors import UserError
+from balanceroute.features.files import atomic_output
 from balanceroute.features.schema import validate_trace
 
 JSONL_CHUNK_ROWS = 100_000
@@ -60,16 +59,8 @@ def write_trace(frame: pd.DataFrame, path: str | Path) -> Path:
     if target.is_dir():
         raise UserError(f"cannot write a trace to '{target}': it is a directory")
     trace = validate_trace(frame, source="<frame to write>")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            writer(trace, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    with atomic_output(target) as tmp, tmp.open("wb") as fh:
+        writer(trace, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
     return target

@@ -17,6 +17,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from balanceroute.features.limits import input_limits
+
 
 def ring_append(total: int, m: int, capacity: int) -> tuple[slice, np.ndarray]:
     """Where ``m`` new items go in a ring of ``capacity`` that has taken ``total`` so far: the
@@ -123,9 +125,18 @@ class SlidingWindow:
 
 
 class MarginalCounts:
-    """Histogram of outputs in the window, with lazily refreshed survival and cumulative sums."""
+    """Histogram of outputs in the window, with lazily refreshed survival and cumulative sums.
 
-    def __init__(self) -> None:
+    The histogram grows with the largest output seen up to ``cap`` and no further: outputs at or
+    above ``cap`` share its last bucket (the tail), so ``S(x)`` and ``CS(x)`` are exact for
+    ``x < cap`` and memory never exceeds ``O(cap)`` whatever is observed. The default cap is the
+    largest accepted output (:mod:`balanceroute.features.limits`).
+    """
+
+    cap: int = 2**20  # class default: models pickled before the cap existed
+
+    def __init__(self, cap: int | None = None) -> None:
+        self.cap = int(input_limits().max_output_tokens if cap is None else cap)
         self.hist = np.zeros(2, dtype=np.int64)
         self.n = 0
         self._dirty = True
@@ -134,6 +145,7 @@ class MarginalCounts:
         """Add (sign=1) or remove (sign=-1) outputs; the curves are rebuilt on next use."""
         if out.size == 0:
             return
+        out = np.minimum(out, self.cap)
         top = int(out.max()) + 2
         if top > self.hist.size:
             self.hist = np.concatenate([self.hist, np.zeros(top - self.hist.size, np.int64)])

@@ -13,6 +13,8 @@ Identities used throughout: ``c = sum_{h<H} P(r > h)`` and ``p_finish = 1 - P(r 
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, Self, get_args, get_origin, get_type_hints
@@ -21,8 +23,10 @@ import numpy as np
 import pandas as pd
 
 from balanceroute.features.errors import UserError
+from balanceroute.features.limits import input_limits
 
 DEFAULT_HORIZON = 80
+MAX_HORIZON = 1024  # curves are (n, H + 1) arrays
 
 
 class Fitting(StrEnum):
@@ -101,6 +105,35 @@ class Prediction:
     survival: np.ndarray | None = None
 
 
+class InputOutOfRange(UserError, ValueError):
+    """Completions outside the bounds of :mod:`balanceroute.features.limits`."""
+
+
+def check_completions(completions: CompletedBatch) -> None:
+    """Refuse completions whose lengths are outside the input limits (before any state moves)."""
+    lim = input_limits()
+    for name, most in (
+        ("output_tokens", lim.max_output_tokens),
+        ("prompt_tokens", lim.max_prompt_tokens),
+    ):
+        values = np.asarray(getattr(completions, name))
+        if values.size and (values.min() < 1 or values.max() > most):
+            bad = values[(values < 1) | (values > most)][0]
+            raise InputOutOfRange(f"{name} must be between 1 and {most:,}, got {bad}")
+
+
+def _checked_observe(observe: Callable[..., None]) -> Callable[..., None]:
+    """``observe`` that first checks its completions against the input limits."""
+
+    @functools.wraps(observe)
+    def checked(self: CompletionEstimator, completions: CompletedBatch) -> None:
+        check_completions(completions)
+        observe(self, completions)
+
+    checked.checks_limits = True  # type: ignore[attr-defined]
+    return checked
+
+
 class NotFittedError(RuntimeError):
     """``predict`` was called before ``fit``."""
 
@@ -125,9 +158,21 @@ class CompletionEstimator:
     deployable: ClassVar[bool] = True
     learns_online: ClassVar[bool] = True  # False: observe() is a no-op, callers may skip it
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Every estimator's own ``observe`` is wrapped by :func:`check_completions`: no online
+        update, whoever wrote it, sees lengths beyond the input limits."""
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("observe")
+        if own is not None and not getattr(own, "checks_limits", False):
+            cls.observe = _checked_observe(own)  # type: ignore[method-assign]
+
     def __init__(self, **params: Any) -> None:
         label = type(self).name if isinstance(type(self).name, str) else type(self).__name__
         resolved = coerce_params(self.Params, params, f"estimator '{label}'")
+        if not 1 <= resolved.horizon <= MAX_HORIZON:
+            raise UserError(
+                f"estimator '{label}': horizon must be in 1..{MAX_HORIZON}, got {resolved.horizon}"
+            )
         for f in dataclasses.fields(resolved):
             setattr(self, f.name, getattr(resolved, f.name))
 

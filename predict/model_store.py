@@ -32,6 +32,7 @@ from typing import BinaryIO
 import joblib
 
 from balanceroute.features.errors import UserError
+from balanceroute.features.files import atomic_output
 from balanceroute.predict.base import CompletionEstimator
 
 DEFAULT_MODEL_NAME = "completion-predictor"
@@ -84,16 +85,8 @@ def _legacy_module_names() -> Iterator[None]:
 def save_estimator(estimator: CompletionEstimator, path: str | Path) -> Path:
     """Write ``estimator`` to ``path`` with joblib: a temporary file, then a rename."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            joblib.dump(estimator, fh)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    with atomic_output(path) as tmp, tmp.open("wb") as fh:
+        joblib.dump(estimator, fh)
     return path
 
 
@@ -110,13 +103,26 @@ def load_file(
             obj = joblib.load(source)
     except FileNotFoundError:
         raise UserError(f"model file not found: {where}") from None
-    except Exception as exc:
+    except Exception:
         raise UserError(
-            f"{where} is not a saved completion estimator ({type(exc).__name__}: {exc})"
+            f"{where} is not a saved completion estimator (a joblib file written by "
+            "balanceroute train or save_estimator)"
         ) from None
     if not isinstance(obj, CompletionEstimator):
         raise UserError(f"{where} does not hold a completion estimator (got {type(obj).__name__})")
     return obj
+
+
+def error_line(error: BaseException | str) -> str:
+    """The line of an error message that says what went wrong: the first one, skipping
+    SQLAlchemy's "Background on this error" link and SQL echoes (a corrupt or foreign
+    registry database otherwise shows only those)."""
+    text = str(error)
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith(("(Background on this error", "[SQL:", "[parameters:")):
+            return line[:300]
+    return type(error).__name__ if isinstance(error, BaseException) else "unknown error"
 
 
 def tracking_uri() -> str:
@@ -177,7 +183,7 @@ def load_estimator(ref: str, model_name: str = DEFAULT_MODEL_NAME) -> Completion
         try:
             local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=tmp))
         except Exception as exc:
-            msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            msg = error_line(exc)
             raise UserError(f"model URI '{uri}' does not resolve: {msg}") from None
         return load_file(_estimator_file(local, uri), name=uri)
 

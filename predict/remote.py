@@ -36,6 +36,7 @@ import numpy as np
 import orjson
 import pandas as pd
 
+from balanceroute.features.errors import UserError
 from balanceroute.predict.base import (
     DEFAULT_HORIZON,
     CompletedBatch,
@@ -326,6 +327,51 @@ class RemoteEstimator(CompletionEstimator):
         if isinstance(model, dict):
             self.remote_model_ = model
         return Prediction(p_finish=p, c=c, survival=surv)
+
+
+def check_service_url(url: str) -> str:
+    """``url`` if it can name a prediction service (http or https, a host, a port in range);
+    a UserError saying what is wrong otherwise."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise UserError(f"--estimator-url '{url}': {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UserError(
+            f"--estimator-url '{url}' is not an http(s) URL such as http://127.0.0.1:8080"
+        )
+    if port is not None and not 1 <= port <= 65535:
+        raise UserError(f"--estimator-url '{url}': port {port} is out of range 1..65535")
+    return url
+
+
+PREFLIGHT_TIMEOUT_S = 5.0
+
+
+def preflight(url: str, token: str | None = None, timeout_s: float = PREFLIGHT_TIMEOUT_S) -> None:
+    """Ask the service for its models once before a replay: a UserError when it cannot be
+    reached or refuses the token, so a run is not silently answered by the fallback."""
+    check_service_url(url)
+    token = token if token is not None else (os.environ.get(TOKEN_ENV) or None)
+    parts = urlsplit(url)
+    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    conn = cls(parts.hostname, parts.port, timeout=timeout_s)
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    try:
+        conn.request("GET", parts.path.rstrip("/") + "/v1/models", headers=headers)
+        resp = conn.getresponse()
+        resp.read()
+    except (OSError, http.client.HTTPException) as exc:
+        raise UserError(f"cannot reach the prediction service at {url} ({exc})") from None
+    finally:
+        conn.close()
+    if resp.status == 401:
+        raise UserError(
+            f"the prediction service at {url} refused the call (401): set {TOKEN_ENV} to its token"
+        )
+    if resp.status // 100 != 2:
+        raise UserError(f"the prediction service at {url} answered {resp.status} to GET /v1/models")
 
 
 def _failure_kind(exc: BaseException) -> str:

@@ -183,6 +183,9 @@ def run_task(
     return out
 
 
+DASK_CONNECT_TIMEOUT_S = 10
+
+
 def run_ab(
     frame: pd.DataFrame,
     cfg: ABConfig,
@@ -211,7 +214,14 @@ def run_ab(
     if dask_scheduler:
         from distributed import Client
 
-        with Client(dask_scheduler), parallel_config(backend="dask"):
+        try:
+            client = Client(dask_scheduler, timeout=DASK_CONNECT_TIMEOUT_S)
+        except (OSError, TimeoutError, ValueError) as exc:
+            raise UserError(
+                f"cannot reach the Dask scheduler at {dask_scheduler} ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else 'no answer'})"
+            ) from None
+        with client, parallel_config(backend="dask"):
             results = Parallel(verbose=0)(calls)
     else:
         results = Parallel(n_jobs=jobs, verbose=0)(calls)

@@ -3,14 +3,22 @@ flags and the service's options model."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from balanceroute.features.errors import UserError
 
 PROJECTIONS = ("auto", "cutoff", "expected", "confident")
-GAMMA_MIN, GAMMA_MAX = 0.5, 0.995
+GAMMA_MIN, GAMMA_MAX = 0.05, 0.995  # docs/design.md, "Short outputs"
 PENALTIES = ("sum", "max")
+MAX_HORIZON = 1024  # lookahead iterations: projections are (requests x H) arrays
+MAX_BETA = 1e6  # overflow penalty: scores stay far inside float64 at the largest loads
+MAX_WINDOW = 16_384
+
+
+def _finite(value: float | None) -> bool:
+    return value is None or math.isfinite(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,8 +32,11 @@ class BalanceRouteConfig:
         metadata={"help": "discount per lookahead iteration (start value with auto_gamma)"},
     )
     auto_gamma: float | None = field(
-        default=30.0,
-        metadata={"help": "adapt gamma to 1 - X / (mean output of finished requests)"},
+        default=1.0,
+        metadata={
+            "help": "adapt gamma to 1 - X * B / (mean output of finished requests): the chance "
+            "that a worker of B slots gets no admission in an iteration"
+        },
     )
     r_max: int = field(default=4, metadata={"help": "stage-2 candidate window (subset search)"})
     s_greedy: int | None = field(
@@ -45,6 +56,23 @@ class BalanceRouteConfig:
     refill: bool = field(default=True, metadata={"help": "project freed slots refilled"})
     penalty: str = field(default="sum", metadata={"help": "sum | max over the horizon"})
     refresh: int = field(default=1, metadata={"help": "iterations between predictions"})
+    incremental: bool = field(
+        default=True,
+        metadata={
+            "help": "expected projection: predict only requests with no prediction yet or one "
+            "repredict iterations old, advance the others' curves by age"
+        },
+    )
+    repredict: int = field(
+        default=16, metadata={"help": "iterations after which a running request is re-predicted"}
+    )
+    predict_every: int = field(
+        default=1,
+        metadata={
+            "help": "incremental projection: iterations between estimator calls (the curves "
+            "are advanced every iteration; completions reach the estimator before each call)"
+        },
+    )
     max_overtake: int | None = field(
         default=1024, metadata={"help": "admit first once this many later requests passed"}
     )
@@ -57,22 +85,63 @@ class BalanceRouteConfig:
     kv_capacity: float | None = field(
         default=None, metadata={"help": "per-worker KV token capacity over the horizon"}
     )
+    guard: bool = field(
+        default=True,
+        metadata={
+            "help": "do-no-harm guard: a deployable estimator's projection is used only while "
+            "its decisions, judged on what happened, beat those made without it"
+        },
+    )
+    guard_stride: int = field(
+        default=8, metadata={"help": "iterations between the guard's scored snapshots"}
+    )
+    guard_memory: float = field(
+        default=64.0, metadata={"help": "scored snapshots the guard remembers (forgetting)"}
+    )
 
     def __post_init__(self) -> None:
         checks = [
-            (self.horizon >= 0, f"horizon must be >= 0, got {self.horizon}"),
-            (self.beta is None or self.beta > 0, f"beta must be > 0, got {self.beta}"),
+            (
+                0 <= self.horizon <= MAX_HORIZON,
+                f"horizon must be in 0..{MAX_HORIZON}, got {self.horizon}",
+            ),
+            (
+                self.beta is None or 0 < self.beta <= MAX_BETA,
+                f"beta must be > 0 and <= {MAX_BETA:g}, got {self.beta}",
+            ),
+            (
+                all(map(_finite, (self.gamma, self.auto_gamma, self.confidence, self.beta))),
+                "numbers must be finite",
+            ),
             (0 < self.gamma <= 1, f"gamma must be in (0, 1], got {self.gamma}"),
             (self.auto_gamma is None or self.auto_gamma > 0, "auto_gamma must be > 0"),
             (1 <= self.r_max <= 12, f"r_max must be in 1..12, got {self.r_max}"),
             (self.s_greedy is None or self.s_greedy >= 0, "s_greedy must be >= 0"),
-            (self.window >= 1, f"window must be >= 1, got {self.window}"),
+            (
+                1 <= self.window <= MAX_WINDOW,
+                f"window must be in 1..{MAX_WINDOW}, got {self.window}",
+            ),
             (self.projection in PROJECTIONS, f"projection must be one of {PROJECTIONS}"),
             (self.penalty in PENALTIES, f"penalty must be one of {PENALTIES}"),
             (0 < self.confidence <= 1, f"confidence must be in (0, 1], got {self.confidence}"),
             (self.refresh >= 1, f"refresh must be >= 1, got {self.refresh}"),
+            (self.repredict >= 1, f"repredict must be >= 1, got {self.repredict}"),
+            (self.predict_every >= 1, f"predict_every must be >= 1, got {self.predict_every}"),
             (self.max_overtake is None or self.max_overtake >= 1, "max_overtake must be >= 1"),
-            (self.kv_capacity is None or self.kv_capacity > 0, "kv_capacity must be > 0"),
+            (
+                self.kv_capacity is None or 0 < self.kv_capacity < math.inf,
+                "kv_capacity must be a finite number > 0",
+            ),
+            (
+                self.max_wait_s is None or 0 <= self.max_wait_s < math.inf,
+                f"max_wait_s must be a finite number >= 0, got {self.max_wait_s}",
+            ),
+            (
+                self.max_wait_iters is None or self.max_wait_iters >= 1,
+                f"max_wait_iters must be >= 1, got {self.max_wait_iters}",
+            ),
+            (self.guard_stride >= 1, f"guard_stride must be >= 1, got {self.guard_stride}"),
+            (self.guard_memory >= 1, f"guard_memory must be >= 1, got {self.guard_memory}"),
         ]
         for ok, msg in checks:
             if not ok:
@@ -94,7 +163,7 @@ BR0_DEFAULTS = BalanceRouteConfig(
 )
 BRH_DEFAULTS = BalanceRouteConfig()
 # The paper's BR-H as published: (beta, gamma) = (14.67, 0.64), H = 80, predictions refreshed
-# every H iterations, stage 2 once free slots are few, no fairness guard.
+# every H iterations, stage 2 once free slots are few, no fairness guard, no do-no-harm guard.
 PAPER_BRH = BalanceRouteConfig(
     horizon=80,
     beta=14.67,
@@ -105,4 +174,5 @@ PAPER_BRH = BalanceRouteConfig(
     auto_gamma=None,
     max_overtake=None,
     projection="cutoff",
+    guard=False,
 )

@@ -23,10 +23,12 @@ from typing import Any
 import numpy as np
 
 from balanceroute.features.errors import UserError
-from balanceroute.predict.base import CompletedBatch, CompletionEstimator, RunningBatch
+from balanceroute.predict.base import CompletedBatch, CompletionEstimator, Fitting, RunningBatch
+from balanceroute.predict.incremental import CurveCache, conditioned_loads
 from balanceroute.predict.no_prediction import NoPrediction
 from balanceroute.predict.projection import (
     LoadProjection,
+    cutoff_survival,
     extend_survival,
     request_paths,
 )
@@ -38,6 +40,7 @@ from balanceroute.router.balance_config import (
     PAPER_BRH,
     BalanceRouteConfig,
 )
+from balanceroute.router.guard import ProjectionGuard
 from balanceroute.router.kernels import (
     FALLBACK,
     GUARD,
@@ -69,6 +72,15 @@ def confident_cutoff(
     p = np.asarray(p_finish, dtype=np.float64)
     within = (np.asarray(c, dtype=np.float64) - (1.0 - p) * horizon) / np.maximum(p, 1e-9)
     return np.where(p >= confidence, np.clip(within, 1.0, horizon), float(horizon))
+
+
+def guarded(estimator: CompletionEstimator | None) -> bool:
+    """Whether the do-no-harm guard watches this estimator: deployable ones that predict
+    something (the references and ``none`` are measured as they are)."""
+    return estimator is not None and estimator.deployable and estimator.fitting is not Fitting.NONE
+
+
+MAX_PENDING = 64  # completion batches held for the estimator at most (bounded memory)
 
 
 class OutputMean:
@@ -132,30 +144,83 @@ class BalanceRoutePolicy(Policy):
             )
         self.projection = LoadProjection(g, cfg.horizon, cfg.refresh, ctx.requests.size)
         self.projection_mode = resolve_projection(cfg.projection, self.estimator)
+        self.cache = None
+        if cfg.incremental and cfg.horizon > 0 and self.projection_mode == "expected":
+            self.cache = CurveCache(cfg.horizon, ctx.requests.size)
+            self.last_call: int | None = None
+            self.pending: list[CompletedBatch] = []  # completions not yet shown to the estimator
+            self.predicted_rows = 0
         compile_kernels()
         self.counters = np.zeros(4, dtype=np.int64)
         self.refreshes = 0
+        self.refill_prompt: float | None = None
+        self.guard = None
+        if cfg.guard and cfg.horizon > 0 and guarded(self.estimator):
+            self.guard = ProjectionGuard(
+                g, cfg.horizon, g * ctx.slots, stride=cfg.guard_stride, memory=cfg.guard_memory
+            )
+            self.worker_of: dict[int, int] = {}  # running requests' workers, for the guard
+
+    def share_guard(self, guard: ProjectionGuard) -> bool:
+        """Use ``guard`` (kept by the caller across decisions) instead of a guard of this run's
+        own; returns whether this policy is guarded at all."""
+        if self.guard is None:
+            return False
+        self.guard = guard
+        return True
 
     def on_complete(self, positions, output_tokens, finish_s, iteration) -> None:
         if self.config.auto_gamma is not None and self.config.horizon > 0:
             self._adapt_gamma(output_tokens)
         if self.config.horizon > 0 and self.projection.k0 is not None:
             self.projection.remove(positions)
+        if self.cache is not None:
+            self.cache.release(positions)
+        if self.guard is not None:
+            self.guard.departed(
+                iteration,
+                np.array([self.worker_of.pop(p, 0) for p in positions.tolist()], dtype=np.int64),
+                self.ctx.requests.prompt_tokens[positions],
+                iteration - np.asarray(output_tokens, dtype=np.int64),
+            )
         if self.estimator is not None and self.config.horizon > 0 and self.estimator.learns_online:
             table = self.ctx.requests
-            self.estimator.observe(
-                CompletedBatch(
-                    prompt_tokens=table.prompt_tokens[positions],
-                    output_tokens=np.asarray(output_tokens, dtype=np.int64),
-                    prompt_key=table.prompt_key[positions],
-                    time_s=np.full(positions.shape[0], float(finish_s)),
-                )
+            done = CompletedBatch(
+                prompt_tokens=table.prompt_tokens[positions],
+                output_tokens=np.asarray(output_tokens, dtype=np.int64),
+                prompt_key=table.prompt_key[positions],
+                time_s=np.full(positions.shape[0], float(finish_s)),
             )
+            if self.cache is None:
+                self.estimator.observe(done)
+            else:  # shown to the estimator before its next prediction, in one batch
+                self.pending.append(done)
+                if len(self.pending) >= MAX_PENDING:
+                    self._flush_completions()
+
+    def _flush_completions(self) -> None:
+        """Completions since the last prediction go to the estimator, in finish order."""
+        if not self.pending:
+            return
+        parts = self.pending
+        self.pending = []
+        self.estimator.observe(
+            CompletedBatch(
+                prompt_tokens=np.concatenate([b.prompt_tokens for b in parts]),
+                output_tokens=np.concatenate([b.output_tokens for b in parts]),
+                prompt_key=np.concatenate([b.prompt_key for b in parts]),
+                time_s=np.concatenate([b.time_s for b in parts]),
+            )
+        )
 
     def _adapt_gamma(self, output_tokens: np.ndarray) -> None:
-        """Auto discount: the lookahead that pays grows with the typical output length."""
+        """Auto discount: a worker of ``B`` slots gets about ``B / mean output`` admissions an
+        iteration in steady state, each a chance for the router to correct its load; the
+        lookahead that pays is about the time to the next one (docs/design.md, "Short
+        outputs")."""
         mean = self.output_mean.update(output_tokens)
-        gamma = float(np.clip(1.0 - self.config.auto_gamma / mean, GAMMA_MIN, GAMMA_MAX))
+        turnover = self.config.auto_gamma * self.ctx.slots / mean
+        gamma = float(np.clip(1.0 - turnover, GAMMA_MIN, GAMMA_MAX))
         if abs(gamma - self.gamma) > 0.002:
             self.gamma = gamma
             self.weights = discount_weights(self.config.horizon, gamma)
@@ -168,7 +233,9 @@ class BalanceRoutePolicy(Policy):
             "stage2_admissions": c[STAGE2],
             "fallback_singles": c[FALLBACK],
             "prediction_refreshes": self.refreshes,
+            **({} if self.cache is None else {"predicted_rows": self.predicted_rows}),
             "final_gamma": self.gamma,
+            **({} if self.guard is None else self.guard.stats()),
         }
 
     def describe(self) -> dict[str, Any]:
@@ -188,20 +255,84 @@ class BalanceRoutePolicy(Policy):
         if cfg.horizon == 0:
             return state.loads[:, None].copy()
         k = state.iteration
-        proj = self.projection
-        if proj.k0 is None or k - proj.k0 >= cfg.refresh or k < proj.k0:
-            self._refresh(state, waiting)
-        return proj.view(k, state.loads)
+        guard = self.guard
+        if guard is not None:
+            none = state.loads[:, None] + state.active[:, None].astype(np.float64) * self.hs
+            self.views = (none, None)
+            if guard.weight == 0.0 and not guard.due(k):  # stepping aside: nothing to predict
+                self._refill(waiting)
+                return guard.use(none, none)
+        if self.cache is not None:
+            loads = self._incremental(state, waiting)
+        else:
+            proj = self.projection
+            if proj.k0 is None or k - proj.k0 >= cfg.refresh or k < proj.k0:
+                self._refresh(state, waiting)
+            loads = proj.view(k, state.loads)
+        if guard is None:
+            return loads
+        self.views = (none, loads)
+        return guard.use(none, loads)
+
+    def _refill(self, waiting: np.ndarray) -> float | None:
+        """The typical waiting prompt a freed slot is projected to be refilled with."""
+        refill = None
+        if self.config.refill and waiting.size:
+            ordered = sorted(waiting.tolist())
+            refill = float(ordered[len(ordered) // 2])
+        self.refill_prompt = refill
+        return refill
+
+    def _incremental(self, state: RouterState, waiting: np.ndarray) -> np.ndarray:
+        """Projected loads from cached curves advanced by age; the estimator is asked (at most
+        every ``refresh`` iterations) only for requests with no curve or a stale one."""
+        cfg = self.config
+        run = state.running()
+        cache = self.cache
+        rows = cache.rows(run.position)
+        k = state.iteration
+        if self.last_call is None or k - self.last_call >= cfg.predict_every:
+            sel = np.flatnonzero(cache.stale(rows, k, cfg.repredict))
+            if sel.size:
+                self._flush_completions()
+                table = state.requests
+                pos = run.position[sel]
+                batch = RunningBatch(
+                    prompt_tokens=run.prompt_tokens[sel],
+                    age=run.age[sel],
+                    prompt_key=table.prompt_key[pos],
+                    request_index=table.trace_index[pos],
+                    time_s=state.time_s,
+                )
+                pred = self.estimator.predict(batch, survival=True)
+                surv = pred.survival
+                if surv is None:  # an answer without curves: its cutoffs
+                    surv = cutoff_survival(pred.c, cfg.horizon, cfg.horizon + 1)
+                cache.store(rows[sel], surv, run.age[sel], k)
+                self.last_call = k
+                self.refreshes += 1
+                self.predicted_rows += int(sel.size)
+        refill = self._refill(waiting)
+        loads = conditioned_loads(
+            rows,
+            run.age,
+            run.worker,
+            run.workload.astype(np.float64),
+            cache.curves,
+            cache.pred_age,
+            cache.known,
+            -1.0 if refill is None else refill,
+            state.workers,
+        )
+        loads[:, 0] = state.loads
+        return loads
 
     def _refresh(self, state: RouterState, waiting: np.ndarray) -> None:
         cfg = self.config
         run = state.running()
         table = state.requests
         proj = self.projection
-        refill = None
-        if cfg.refill and waiting.size:
-            ordered = sorted(waiting.tolist())
-            refill = float(ordered[len(ordered) // 2])
+        refill = self._refill(waiting)
         batch = RunningBatch(
             prompt_tokens=run.prompt_tokens,
             age=run.age,
@@ -232,11 +363,30 @@ class BalanceRoutePolicy(Policy):
         cand = state.pool.head(due + max(cfg.window, cfg.r_max))
         prompts = state.requests.prompt_tokens[cand].astype(np.float64)
         loads = self.projected_loads(state, prompts)
-        idx, workers = br_step(
+        overdue = self._overdue(state, cand)
+        idx, workers = self._step(loads, state, prompts, overdue, due, self.counters)
+        if self.guard is not None and self.guard.due(state.iteration):
+            self._keep_snapshot(state, prompts, overdue, due, prompts[idx], workers)
+        positions = cand[idx]
+        if cfg.horizon > 0 and self.cache is None and self.projection.k0 is not None:
+            k = state.iteration
+            add = self.projection.add
+            for p, g, b in zip(
+                positions.tolist(), workers.tolist(), prompts[idx].tolist(), strict=True
+            ):
+                add(p, g, b, k)
+        if self.guard is not None:
+            self.worker_of.update(zip(positions.tolist(), workers.tolist(), strict=True))
+        return Admissions(positions, workers)
+
+    def _step(self, loads, state, prompts, overdue, due, counters):
+        """One compiled step on ``loads`` (updated in place): candidate indices and workers."""
+        cfg = self.config
+        return br_step(
             loads,
             state.free_slots.copy(),
             prompts,
-            self._overdue(state, cand),
+            overdue,
             self.weights,
             self.beta,
             cfg.penalty == "max",
@@ -245,17 +395,25 @@ class BalanceRoutePolicy(Policy):
             cfg.window,
             cfg.r_max,
             due,
-            self.counters,
+            counters,
         )
-        positions = cand[idx]
-        if cfg.horizon > 0:
-            k = state.iteration
-            add = self.projection.add
-            for p, g, b in zip(
-                positions.tolist(), workers.tolist(), prompts[idx].tolist(), strict=True
-            ):
-                add(p, g, b, k)
-        return Admissions(positions, workers)
+
+    def _keep_snapshot(self, state, prompts, overdue, due, chosen, workers) -> None:
+        """The guard's snapshot: this step's decision and the one the other projection (the
+        estimator's, or none) would have made, to be judged on what happens."""
+        none, estimated = self.views
+        with_estimator = self.guard.weight == 1.0
+        other = (none if with_estimator else estimated).copy()
+        o_idx, o_workers = self._step(other, state, prompts, overdue, due, np.zeros(4, np.int64))
+        mine, theirs = (workers, chosen), (o_workers, prompts[o_idx])
+        self.guard.record(
+            state.iteration,
+            none,
+            self.refill_prompt,
+            self.weights,
+            without=theirs if with_estimator else mine,
+            with_estimator=mine if with_estimator else theirs,
+        )
 
     def _overdue(self, state: RouterState, cand: np.ndarray) -> np.ndarray:
         """The fairness guard: candidates overtaken too often or waiting too long."""

@@ -15,6 +15,7 @@ requests (B about 8 per worker) holding about 30,000 tokens each worker; 60 ms m
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -29,6 +30,16 @@ class CostModel:
     t_fixed_s: float = 0.042
     t_token_s: float = 0.55e-6
     t_comm_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        values = (self.t_fixed_s, self.t_token_s, self.t_comm_s)
+        if not all(math.isfinite(v) and 0 <= v <= 3600 for v in values):
+            raise UserError(
+                f"step times must be finite, between 0 and 3600 s, got t_fixed {self.t_fixed_s}, "
+                f"t_token {self.t_token_s}, t_comm {self.t_comm_s}"
+            )
+        if sum(values) <= 0:
+            raise UserError("an iteration must take some time: t_fixed + t_token + t_comm > 0")
 
     def iteration_time(self, max_load: float | np.ndarray) -> float | np.ndarray:
         return self.t_fixed_s + self.t_comm_s + self.t_token_s * max_load

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from balanceroute.predict.incremental import conditioned_loads
 from balanceroute.predict.projection import LoadProjection
 
 # indices into the stats counter array
@@ -283,3 +284,7 @@ def compile_kernels() -> None:
         0, np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64), np.ones(1), np.ones(1)
     )
     projection.remove(np.zeros(1, dtype=np.int64))
+    one = np.zeros(1, dtype=np.int64)
+    conditioned_loads(
+        one, one, one, np.ones(1), np.ones((1, 3)), one, np.ones(1, dtype=np.bool_), 1.0, 1
+    )

@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from balanceroute.features.files import atomic_output
+
 
 def _plt():
     import matplotlib
@@ -35,7 +37,8 @@ def trajectories(raw: dict[str, Any], arms: list[str], workers: int, path: Path)
         ax.set_xlabel("iteration")
         ax.set_ylabel("KV tokens")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_output(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
     return path
 
@@ -57,7 +60,8 @@ def imbalance_distribution(raw: dict[str, Any], arms: list[str], workers: int, p
     ax.set_ylabel("imbalance I(k), tokens")
     ax.set_title(f"Steady-state imbalance per iteration (G = {workers})")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_output(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
     return path
 
@@ -79,6 +83,7 @@ def scaling(agg: dict[str, Any], arms: list[str], workers: tuple[int, ...], path
     a2.set_yscale("log")
     a1.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_output(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
     return path

@@ -27,7 +27,7 @@ from balanceroute.router.state import RequestTable
 class PrefillConfig:
     """Prefill tier and arrival scaling."""
 
-    instances: int = 4
+    instances: int = 4  # 0: as many as the offered load needs (sized_prefill)
     max_batch_tokens: int = 32_768
     t_fixed_s: float = 0.010
     t_token_s: float = 25e-6
@@ -35,8 +35,8 @@ class PrefillConfig:
     saturate: bool = False
 
     def __post_init__(self) -> None:
-        if self.instances < 1:
-            raise UserError(f"prefill instances must be >= 1, got {self.instances}")
+        if self.instances < 0:
+            raise UserError(f"prefill instances must be >= 1 (or 0 for auto), got {self.instances}")
         if not self.rate_scale > 0:
             raise UserError(f"rate scale must be > 0, got {self.rate_scale}")
         if self.max_batch_tokens < 1:
@@ -98,6 +98,34 @@ def decode_capacity_rps(
     slot_load = float(np.mean(s * o + o * (o - 1) / 2) / np.mean(o))
     t_iter = float(cost.iteration_time(slots * slot_load))
     return workers * slots / (float(np.mean(o)) * t_iter)
+
+
+def prefill_capacity_rps(prompt_tokens: np.ndarray, cfg: PrefillConfig) -> float:
+    """Requests/s the prefill tier completes when every instance runs full batches."""
+    batch = float(cfg.max_batch_tokens)
+    per_instance_tokens = batch / (cfg.t_fixed_s + cfg.t_token_s * batch)
+    return max(cfg.instances, 1) * per_instance_tokens / float(np.mean(prompt_tokens))
+
+
+PREFILL_HEADROOM = 1.25
+
+
+def sized_prefill(trace: TraceArrays, cfg: PrefillConfig, rps: float) -> PrefillConfig:
+    """``cfg`` with ``instances = 0`` resolved: enough instances for ``rps`` arrivals/s with
+    :data:`PREFILL_HEADROOM` to spare (others unchanged)."""
+    if cfg.instances > 0:
+        return cfg
+    one = prefill_capacity_rps(
+        trace.prompt_tokens, PrefillConfig(**{**asdict(cfg), "instances": 1})
+    )
+    need = int(np.ceil(PREFILL_HEADROOM * rps / one))
+    return PrefillConfig(**{**asdict(cfg), "instances": max(1, need)})
+
+
+def arrival_rps(trace: TraceArrays, rate_scale: float) -> float | None:
+    """Mean arrivals/s of the trace after scaling (None when all arrive at once)."""
+    span = float(trace.arrival_s[-1] - trace.arrival_s[0])
+    return None if span <= 0 else (trace.size - 1) / span * rate_scale
 
 
 def rate_scale_for_load(

@@ -19,19 +19,25 @@ from balanceroute.features.schema import to_arrays
 from balanceroute.features.split import time_split
 from balanceroute.predict.base import CompletionEstimator
 from balanceroute.predict.factory import build_estimator
-from balanceroute.predict.remote import RemoteEstimator
+from balanceroute.predict.remote import RemoteEstimator, preflight
 from balanceroute.router.cost import CostModel
 from balanceroute.router.metrics import summarize
 from balanceroute.router.policy import Policy
 from balanceroute.router.prefill import (
     PrefillConfig,
     ReleasedRequests,
+    arrival_rps,
+    decode_capacity_rps,
+    prefill_capacity_rps,
     rate_scale_for_load,
     release,
+    sized_prefill,
 )
 from balanceroute.router.records import write_records
 from balanceroute.router.simulator import SimConfig, SimResult, simulate
 from balanceroute.router.specs import RouterSpec
+
+MAX_SLOTS_TOTAL = 2**22  # slots of the whole group: per-slot state stays within memory
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,10 +57,16 @@ class ReplaySpec:
             raise UserError(
                 f"need at least one worker and one slot, got G={self.workers}, B={self.slots}"
             )
+        if self.workers * self.slots > MAX_SLOTS_TOTAL:
+            raise UserError(
+                f"G x B is at most {MAX_SLOTS_TOTAL:,} slots in a replay, got "
+                f"{self.workers:,} x {self.slots:,}"
+            )
 
 
-def released_requests(frame: pd.DataFrame, spec: ReplaySpec) -> tuple[ReleasedRequests, float]:
-    """Run the prefill tier; returns the releases and the rate scale actually used."""
+def resolved_prefill(frame: pd.DataFrame, spec: ReplaySpec) -> PrefillConfig:
+    """The prefill tier of a replay: ``--load`` turned into a rate scale, ``instances = 0``
+    into as many instances as the arrivals need."""
     arrays = to_arrays(frame)
     prefill = spec.prefill
     if spec.load is not None:
@@ -62,7 +74,56 @@ def released_requests(frame: pd.DataFrame, spec: ReplaySpec) -> tuple[ReleasedRe
             raise UserError("give either --load or --saturate, not both")
         scale = rate_scale_for_load(arrays, spec.load, spec.workers, spec.slots, spec.cost)
         prefill = PrefillConfig(**{**asdict(prefill), "rate_scale": scale})
-    return release(arrays, prefill), prefill.rate_scale
+    rps = arrival_rps(arrays, prefill.rate_scale)
+    if prefill.saturate or rps is None:
+        return PrefillConfig(**{**asdict(prefill), "instances": max(prefill.instances, 1)})
+    return sized_prefill(arrays, prefill, rps)
+
+
+def released_requests(frame: pd.DataFrame, spec: ReplaySpec) -> tuple[ReleasedRequests, float]:
+    """Run the prefill tier; returns the releases and the rate scale actually used."""
+    prefill = resolved_prefill(frame, spec)
+    return release(to_arrays(frame), prefill), prefill.rate_scale
+
+
+def load_report(
+    frame: pd.DataFrame, released: ReleasedRequests, spec: ReplaySpec, scale: float
+) -> dict[str, Any]:
+    """Offered and achieved decode load: releases/s over the decode tier's estimated capacity
+    (a prefill tier too small for the arrivals caps the second), and the prefill capacity."""
+    arrays = to_arrays(frame)
+    decode = decode_capacity_rps(
+        arrays.prompt_tokens, arrays.output_tokens, spec.workers, spec.slots, spec.cost
+    )
+    span = float(released.release_s[-1] - released.release_s[0]) if released.size else 0.0
+    achieved = None if span <= 0 else (released.size - 1) / span / decode
+    prefill = resolved_prefill(frame, spec)
+    return {
+        "offered_load": spec.load,
+        "achieved_decode_load": achieved,
+        "decode_capacity_rps": decode,
+        "arrival_rps": arrival_rps(arrays, scale),
+        "prefill_instances": prefill.instances,
+        "prefill_capacity_rps": prefill_capacity_rps(arrays.prompt_tokens, prefill),
+    }
+
+
+LOAD_SHORTFALL = 0.8
+FALLBACK_WARNING = 0.5
+
+
+def load_warning(report: dict[str, Any]) -> str | None:
+    """A warning when the achieved decode load is far below the offered one."""
+    asked, got = report["offered_load"], report["achieved_decode_load"]
+    if asked is None or got is None or got >= LOAD_SHORTFALL * asked:
+        return None
+    return (
+        f"asked for a decode load of {asked:g} but releases reached only {got:.2f}: the prefill "
+        f"tier ({report['prefill_instances']} instances, about "
+        f"{report['prefill_capacity_rps']:,.1f} requests/s) caps the arrivals "
+        f"({report['arrival_rps']:,.1f}/s); size it with --prefill-instances N or "
+        "--prefill-instances auto"
+    )
 
 
 def replay(
@@ -94,6 +155,8 @@ def replay(
     )
     result = simulate(released, policy, config)
     summary = summarize(result)
+    if not spec.prefill.saturate:
+        summary["load"] = load_report(frame, released, spec, scale)
     est_spec = spec.router.estimator
     summary["config"] = {
         "router": result.policy,
@@ -153,13 +216,23 @@ def simulate_workload(
             horizon=max(1, 80 if horizon is None else horizon),
         )
     if remote is not None:
+        preflight(remote.url)
         estimator = RemoteEstimator(remote.url, fallback=estimator, timeout_s=remote.timeout_s)
     result, summary = replay(frame, spec, estimator=estimator, progress=progress)
+    warning = load_warning(summary["load"]) if "load" in summary else None
+    if warning is not None:
+        log(f"warning: {warning}")
     summary["config"]["workload"] = source
     summary["config"]["trained_on"] = trained_on
     if remote is not None:
         summary.update(estimator.stats())
         summary["config"]["estimator_url"] = remote.url
+        calls, fell = summary["remote_calls"], summary["remote_fallbacks"]
+        if calls and fell > FALLBACK_WARNING * calls:
+            log(
+                f"warning: {fell:,} of {calls:,} predictions fell back to the local estimator "
+                f"(last error: {summary['remote_last_error']})"
+            )
     write_records(result, out)
     write_json(out / "summary.json", summary)
     return summary

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args, get_type_hints
 
 from balanceroute.features.errors import UserError
 from balanceroute.predict.base import CompletionEstimator
@@ -49,6 +49,10 @@ class RouterSpec:
                 raise UserError(
                     f"unknown {self.router} option(s) {unknown}; known: {', '.join(sorted(known))}"
                 )
+            check_option_types(cls.options, self.options)
+            defaults = getattr(cls, "defaults", None)
+            if defaults is not None:  # the configuration's own checks, now rather than mid-run
+                dataclasses.replace(defaults, **self.options)
         if not self.label:
             object.__setattr__(self, "label", self.router)
 
@@ -94,6 +98,19 @@ class RouterSpec:
         if cls.options is None:
             return cls()
         return cls(estimator=estimator, **self.options)
+
+
+def check_option_types(config: type, options: dict[str, Any]) -> None:
+    """A UserError naming the first option whose value is not of its field's type (an int is
+    a float too; None only where the field allows it)."""
+    hints = get_type_hints(config)
+    for name, value in options.items():
+        kinds = get_args(hints[name]) or (hints[name],)
+        if float in kinds and type(value) is int:
+            continue
+        if type(value) not in kinds and not (value is None and type(None) in kinds):
+            wanted = " or ".join(k.__name__ for k in kinds)
+            raise UserError(f"option {name}: expected {wanted}, got {value!r}")
 
 
 def _value(raw: str) -> Any:

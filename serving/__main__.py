@@ -7,6 +7,14 @@ import os
 import sys
 
 from balanceroute.features.errors import UserError
+from balanceroute.features.limits import input_limits
+
+try:  # the request schemas are built from the limits: check the overrides before importing them
+    input_limits()
+except UserError as _exc:
+    print(f"balanceroute serve: error: {_exc}", file=sys.stderr)
+    sys.exit(_exc.exit_code)
+
 from balanceroute.serving.server import load_settings, run_server
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -10,13 +11,18 @@ from typing import Any
 
 import anyio.to_thread
 import orjson
-from fastapi import FastAPI, Request, Response
+from fastapi import Depends, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
+from starlette.requests import ClientDisconnect
 
 from balanceroute.serving.body import request_components
+from balanceroute.serving.deps import require_token
+from balanceroute.serving.guard import RequestGuard
+from balanceroute.serving.guards import RouteGuards
 from balanceroute.serving.metrics import MetricsMiddleware, ServiceMetrics
-from balanceroute.serving.models import ModelStore, pin_lightgbm_threads
+from balanceroute.serving.models import LoadedModel, ModelStore, pin_lightgbm_threads
 from balanceroute.serving.route_schemas import RouteRequest
 from balanceroute.serving.routes import ROUTERS
 from balanceroute.serving.schemas import REQUEST_MODELS
@@ -38,6 +44,31 @@ async def validation_error(request: Request, exc: Exception) -> Response:
     return Response(orjson.dumps({"detail": detail}), 422, media_type="application/json")
 
 
+async def client_disconnect(request: Request, exc: Exception) -> Response:
+    """A client that went away mid-upload: one log line, counted as status 499, no traceback."""
+    log.warning(
+        "%s %s: the client disconnected before its body arrived", request.method, request.url.path
+    )
+    return Response(status_code=499)
+
+
+def add_docs(app: FastAPI) -> None:
+    """``/openapi.json``, ``/docs`` and ``/redoc`` behind the bearer token (when one is set)."""
+    guarded = [Depends(require_token)]
+
+    @app.get("/openapi.json", include_in_schema=False, dependencies=guarded)
+    async def openapi_json() -> Response:
+        return Response(orjson.dumps(app.openapi()), media_type="application/json")
+
+    @app.get("/docs", include_in_schema=False, dependencies=guarded)
+    async def swagger() -> Response:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{TITLE} API")
+
+    @app.get("/redoc", include_in_schema=False, dependencies=guarded)
+    async def redoc() -> Response:
+        return get_redoc_html(openapi_url="/openapi.json", title=f"{TITLE} API")
+
+
 def _openapi(app: FastAPI) -> dict[str, Any]:
     """The generated document plus the schemas of the self-decoded request bodies."""
     if app.openapi_schema is None:
@@ -52,11 +83,18 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
 def create_app(settings: ServeSettings, *, store: ModelStore | None = None) -> FastAPI:
     """A service for ``settings``; models load in the background after startup (see /readyz)."""
     metrics = ServiceMetrics()
+    guards = RouteGuards()
+
+    def swapped(arm: str, old: LoadedModel | None, new: LoadedModel) -> None:
+        metrics.swapped(arm, old, new)
+        guards.drop(arm)  # the verdict was about the old model
+
     if store is None:
         store = ModelStore(
             settings.uris(),
             replay_buffer=settings.replay_buffer,
-            on_swap=metrics.swapped,
+            inline_rows=settings.observe_inline_rows,
+            on_swap=swapped,
             on_outcome=metrics.reloaded,
             after_load=lambda: pin_lightgbm_threads(settings.lightgbm_threads),
         )
@@ -72,7 +110,11 @@ def create_app(settings: ServeSettings, *, store: ModelStore | None = None) -> F
                 log.exception("router warm-up failed")
 
         async def first_load() -> None:
-            await asyncio.gather(store.reload(force=True), warm())
+            await asyncio.gather(store.load_until_ready(settings.load_retry_s), warm())
+            # What is loaded now lives as long as the process: out of the collector's sight, a
+            # full collection (triggered by a large request's objects) takes milliseconds
+            # instead of holding the interpreter, and every thread, for hundreds.
+            gc.freeze()
 
         task = asyncio.create_task(first_load())
         yield
@@ -85,13 +127,20 @@ def create_app(settings: ServeSettings, *, store: ModelStore | None = None) -> F
         description="Completion predictions and routing decisions for synchronized decode workers.",
         lifespan=lifespan,
         max_body_size=settings.max_body_bytes,
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.store = store
     app.state.metrics = metrics
+    app.state.guards = guards
+    app.add_middleware(RequestGuard, settings=settings)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(ClientDisconnect, client_disconnect)
     for router in ROUTERS:
         app.include_router(router)
+    add_docs(app)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

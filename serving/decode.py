@@ -22,7 +22,8 @@ from pydantic import BaseModel, ValidationError
 from balanceroute.features.schema import hash_keys
 from balanceroute.serving.schemas import (
     MAX_HORIZON,
-    MAX_TOKENS,
+    MAX_OUTPUT_TOKENS,
+    MAX_PROMPT_TOKENS,
     ObserveRequest,
     PredictRequest,
 )
@@ -88,17 +89,20 @@ def parse_json(raw: bytes) -> Any:
         ) from None
 
 
-def validate(model: type[M], data: Any) -> M:
-    """Validate with a strict model; errors become a 422 whose locations start at ``body``."""
+def validate(model: type[M], data: Any, how: Callable[[Any], M] | None = None) -> M:
+    """Validate with a strict model (or ``how``); errors become a 422 whose locations start at
+    ``body``."""
     try:
-        return model.model_validate(data)
+        return (how or model.model_validate)(data)
     except ValidationError as exc:
-        raise RequestValidationError(
-            [
-                {"type": e["type"], "loc": ("body", *e["loc"]), "msg": e["msg"]}
-                for e in exc.errors(include_url=False, include_input=False)
-            ]
-        ) from None
+        errors = exc.errors(include_url=False, include_input=False)
+    except ValueError as exc:  # errors collected elsewhere (SliceErrors): {type, loc, msg}
+        errors = getattr(exc, "errors", None)
+        if errors is None:
+            raise
+    raise RequestValidationError(
+        [{"type": e["type"], "loc": ("body", *e["loc"]), "msg": e["msg"]} for e in errors]
+    )
 
 
 def check_count(data: Any, field: str, limit: int, what: str) -> None:
@@ -243,8 +247,8 @@ def running_columns(items: Any) -> RunningColumns | None:
     if any(col is None for col in raw):
         return None
     ids = id_column(raw[0])
-    prompt = int_column(raw[1], 1, MAX_TOKENS)
-    age = int_column(raw[2], 0, MAX_TOKENS)
+    prompt = int_column(raw[1], 1, MAX_PROMPT_TOKENS)
+    age = int_column(raw[2], 0, MAX_OUTPUT_TOKENS)
     keys = key_column(_column(items, "prompt_key", False))
     if ids is None or prompt is None or age is None or keys is None:
         return None
@@ -285,8 +289,8 @@ def fast_observe(data: Any) -> CompletedColumns | None:
     output_raw = _column(items, "output_tokens", True)
     if prompt_raw is None or output_raw is None:
         return None
-    prompt = int_column(prompt_raw, 1, MAX_TOKENS)
-    output = int_column(output_raw, 1, MAX_TOKENS)
+    prompt = int_column(prompt_raw, 1, MAX_PROMPT_TOKENS)
+    output = int_column(output_raw, 1, MAX_OUTPUT_TOKENS)
     keys = key_column(_column(items, "prompt_key", False))
     times_raw = _column(items, "time_s", False)
     if prompt is None or output is None or keys is None:

@@ -10,6 +10,7 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from balanceroute.serving.guards import RouteGuards
 from balanceroute.serving.metrics import ServiceMetrics
 from balanceroute.serving.models import LoadedModel, ModelStore, NotReady, UnknownModel
 from balanceroute.serving.settings import ServeSettings
@@ -38,12 +39,13 @@ class Services:
     store: ModelStore
     settings: ServeSettings
     metrics: ServiceMetrics
+    guards: RouteGuards
 
 
 def services(request: Request) -> Services:
-    """The app's store, settings and metrics."""
+    """The app's store, settings, metrics and route guards."""
     state = request.app.state
-    return Services(state.store, state.settings, state.metrics)
+    return Services(state.store, state.settings, state.metrics, state.guards)
 
 
 StoreDep = Annotated[ModelStore, Depends(get_store)]

@@ -7,7 +7,7 @@ handlers tag the arm that answered and record batch sizes and fallbacks.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -77,6 +77,25 @@ class ServiceMetrics:
             ["arm", "outcome"],
             registry=r,
         )
+        self.guard_weight = Gauge(
+            "balanceroute_route_guard_weight",
+            "do-no-harm guard of /v1/route: 1 while the arm's projection is used, 0 aside",
+            ["arm", "policy"],
+            registry=r,
+        )
+        self.guard_change = Gauge(
+            "balanceroute_route_guard_decision_change",
+            "do-no-harm guard: mean relative change of the decisions' discounted imbalance "
+            "with the arm's projection (negative: it pays)",
+            ["arm", "policy"],
+            registry=r,
+        )
+        self.guard_snapshots = Gauge(
+            "balanceroute_route_guard_snapshots",
+            "do-no-harm guard: decisions judged on what happened",
+            ["arm", "policy"],
+            registry=r,
+        )
         self.model_info = Gauge(
             "balanceroute_model_info",
             "1 for the model version each arm serves",
@@ -89,6 +108,13 @@ class ServiceMetrics:
         if old is not None:
             self.model_info.remove(*_info_labels(old))
         self.model_info.labels(*_info_labels(new)).set(1)
+
+    def guarded(self, arm: str, policy: str, stats: dict[str, Any]) -> None:
+        """The do-no-harm guard's state after one /v1/route decision."""
+        self.guard_weight.labels(arm, policy).set(stats["guard_weight"])
+        if stats.get("guard_decision_change") is not None:
+            self.guard_change.labels(arm, policy).set(stats["guard_decision_change"])
+        self.guard_snapshots.labels(arm, policy).set(stats["guard_snapshots"])
 
     def reloaded(self, o: ReloadOutcome) -> None:
         """Count what a (re)load did to one arm."""

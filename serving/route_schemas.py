@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Annotated, Any, Literal, get_args, get_type_hints
 
-from pydantic import BaseModel, Field, create_model, field_validator
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError, create_model, field_validator
 
 from balanceroute.router.balance_config import BalanceRouteConfig
 from balanceroute.router.registry import policy_names
@@ -20,6 +20,7 @@ from balanceroute.serving.schemas import (
     STRICT,
     Count,
     PoolRequestIn,
+    RunningRequestIn,
     Seconds,
     Selector,
     WorkerIn,
@@ -110,9 +111,85 @@ class RouteRequest(BaseModel):
     @field_validator("pool")
     @classmethod
     def _unique_ids(cls, pool: list[PoolRequestIn]) -> list[PoolRequestIn]:
-        seen: set[int | str] = set()
-        for p in pool:
-            if p.id in seen:
-                raise ValueError(f"pool id {p.id!r} appears twice: ids name the admissions")
-            seen.add(p.id)
-        return pool
+        return unique_pool(pool)
+
+
+def unique_pool(pool: list[PoolRequestIn]) -> list[PoolRequestIn]:
+    """``pool`` if its ids are unique (they name the admissions), else a ValueError."""
+    seen: set[int | str] = set()
+    for p in pool:
+        if p.id in seen:
+            raise ValueError(f"pool id {p.id!r} appears twice: ids name the admissions")
+        seen.add(p.id)
+    return pool
+
+
+# ---- validation in slices ------------------------------------------------------------------
+# pydantic validates a whole body without releasing the GIL: a maximal snapshot (tens of
+# thousands of rows) would hold every other thread, the event loop's included, for hundreds of
+# milliseconds. So the routing handler validates the long lists in slices of SLICE rows (the
+# interpreter may switch threads between two), then the rest with those lists empty.
+SLICE = 256
+_POOL = TypeAdapter(list[PoolRequestIn])
+_RUNNING = TypeAdapter(list[RunningRequestIn])
+
+
+class SliceErrors(ValueError):
+    """Validation errors of a body validated in slices: ``{type, loc, msg}`` each."""
+
+    def __init__(self, errors: list[dict[str, Any]]) -> None:
+        super().__init__(f"{len(errors)} validation error(s)")
+        self.errors = errors
+
+
+def _errors(exc: ValidationError, loc: tuple[Any, ...], offset: int) -> list[dict[str, Any]]:
+    out = []
+    for e in exc.errors(include_url=False, include_input=False):
+        where = e["loc"]
+        out.append(
+            {"type": e["type"], "loc": (*loc, where[0] + offset, *where[1:]), "msg": e["msg"]}
+        )
+    return out
+
+
+def _slices(adapter: TypeAdapter, items: list[Any], loc: tuple[Any, ...]) -> list[Any]:
+    """``items`` validated ``SLICE`` at a time; errors keep their full location."""
+    out: list[Any] = []
+    errors: list[dict[str, Any]] = []
+    for start in range(0, len(items), SLICE):
+        try:
+            out += adapter.validate_python(items[start : start + SLICE], strict=True)
+        except ValidationError as exc:
+            errors += _errors(exc, loc, start)
+    if errors:
+        raise SliceErrors(errors)
+    return out
+
+
+def validate_route(data: Any) -> RouteRequest:
+    """``RouteRequest.model_validate(data)`` with the pool and running lists validated in
+    slices: the same result; errors as a ValidationError (the rest of the body) or
+    :class:`SliceErrors` (the lists)."""
+    workers = data.get("workers") if type(data) is dict else None
+    pool = data.get("pool") if type(data) is dict else None
+    if not (
+        type(pool) is list
+        and type(workers) is list
+        and all(type(w) is dict and type(w.get("running", [])) is list for w in workers)
+    ):
+        return RouteRequest.model_validate(data)
+    shell = {**data, "pool": [], "workers": [{**w, "running": []} for w in workers]}
+    req = RouteRequest.model_validate(shell)
+    pool_in = _slices(_POOL, pool, ("pool",))
+    running = [
+        _slices(_RUNNING, w.get("running", []), ("workers", g, "running"))
+        for g, w in enumerate(workers)
+    ]
+    try:
+        unique_pool(pool_in)
+    except ValueError as exc:
+        raise SliceErrors([{"type": "value_error", "loc": ("pool",), "msg": str(exc)}]) from None
+    req.pool = pool_in
+    for w, rows in zip(req.workers, running, strict=True):
+        w.running = rows
+    return req

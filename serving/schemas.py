@@ -1,7 +1,8 @@
 """Request and response bodies of the HTTP API (pydantic models, kept apart from the routes).
 
 Request models are strict (JSON numbers are not coerced from strings or booleans) and bound every
-number, string and list, so anything they accept is safe to turn into numpy arrays. The hot
+number, string and list, so anything they accept is safe to turn into numpy arrays; token counts
+and ages follow the input limits of :mod:`balanceroute.features.limits`. The hot
 endpoints decode bodies with :mod:`serving.decode` and fall back to these models to explain a
 rejection; the models are also what the OpenAPI document shows. The routing request, which
 depends on the router's registry, lives apart in :mod:`serving.route_schemas`.
@@ -17,16 +18,26 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from balanceroute.features.limits import input_limits
 from balanceroute.serving.settings import MAX_REQUESTS
 
-MAX_TOKENS = 2**31 - 1
+LIMITS = input_limits()
+MAX_PROMPT_TOKENS = LIMITS.max_prompt_tokens
+MAX_OUTPUT_TOKENS = LIMITS.max_output_tokens
 MAX_COUNT = 2**53
 MAX_WORKERS = 512
 MAX_HORIZON = 1024
 MAX_SLOTS = 2**20
 
-TokenCount = Annotated[int, Field(ge=1, le=MAX_TOKENS, description="tokens (>= 1)")]
-Age = Annotated[int, Field(ge=0, le=MAX_TOKENS, description="tokens generated so far")]
+PromptTokens = Annotated[
+    int, Field(ge=1, le=MAX_PROMPT_TOKENS, description="prompt tokens (input limits)")
+]
+OutputTokens = Annotated[
+    int, Field(ge=1, le=MAX_OUTPUT_TOKENS, description="output tokens (input limits)")
+]
+Age = Annotated[
+    int, Field(ge=0, le=MAX_OUTPUT_TOKENS, description="tokens generated so far (<= output limit)")
+]
 Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 Seconds = Annotated[float, Field(ge=0, le=1e12, allow_inf_nan=False)]
 HashedKey = Annotated[int, Field(ge=0, le=2**64 - 1)]
@@ -44,7 +55,7 @@ class RunningRequestIn(BaseModel):
     model_config = STRICT_OPEN
 
     id: RequestId
-    prompt_tokens: TokenCount
+    prompt_tokens: PromptTokens
     age: Age
     prompt_key: PromptKey = None
 
@@ -71,8 +82,8 @@ class CompletedRequestIn(BaseModel):
 
     model_config = STRICT_OPEN
 
-    prompt_tokens: TokenCount
-    output_tokens: TokenCount
+    prompt_tokens: PromptTokens
+    output_tokens: OutputTokens
     prompt_key: PromptKey = None
     time_s: Seconds | None = None
 
@@ -103,7 +114,7 @@ class PoolRequestIn(BaseModel):
     model_config = STRICT_OPEN
 
     id: RequestId
-    prompt_tokens: TokenCount
+    prompt_tokens: PromptTokens
     prompt_key: PromptKey = None
     waited_s: Seconds = 0.0
     waited_iterations: Count = 0

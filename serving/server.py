@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 
 import uvicorn
@@ -28,8 +29,10 @@ def load_settings(overrides: dict[str, object] | None = None) -> ServeSettings:
 def run_server(settings: ServeSettings) -> None:
     """Serve until stopped (models load in the background; see /readyz)."""
     logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s:  %(message)s")
+    app = create_app(settings)
+    gc.freeze()  # the imports live as long as the process (see app.py, first_load)
     uvicorn.run(
-        create_app(settings),
+        app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,

@@ -9,6 +9,7 @@ validated (pool membership, no duplicates, free slots, maximality) before it is 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +19,8 @@ from balanceroute.features.errors import UserError
 from balanceroute.predict.base import CompletionEstimator
 from balanceroute.predict.no_prediction import NoPrediction
 from balanceroute.router.admission import admission_violation
+from balanceroute.router.balance_route import BalanceRoutePolicy
+from balanceroute.router.guard import ProjectionGuard
 from balanceroute.router.kernels import compile_kernels
 from balanceroute.router.policy import Policy, RunContext
 from balanceroute.router.registry import policy_class, policy_names
@@ -141,16 +144,24 @@ def check_decision(adm: Admissions, snap: Snapshot, maximal: bool) -> None:
         raise DecisionError(problem)
 
 
+GuardSource = Callable[[BalanceRoutePolicy], ProjectionGuard | None]
+
+
 def decide(
-    req: RouteRequest, estimator: CompletionEstimator | None
+    req: RouteRequest, estimator: CompletionEstimator | None, guard: GuardSource | None = None
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Admissions ``[{id, worker}]`` in order and the resolved policy configuration."""
+    """Admissions ``[{id, worker}]`` in order and the resolved policy configuration; ``guard``
+    gives a guarded policy the do-no-harm guard kept across calls (see ``serving.guards``)."""
     snap = build_snapshot(req)
     policy = make_policy(req, estimator)
     try:
         policy.reset(snap.context)
     except UserError as exc:
         raise InvalidOptions(str(exc)) from None
+    if guard is not None and isinstance(policy, BalanceRoutePolicy) and policy.guard is not None:
+        shared = guard(policy)
+        if shared is not None:
+            policy.share_guard(shared)
     adm = policy.route(snap.state)
     check_decision(adm, snap, policy.maximal)
     offset = snap.running

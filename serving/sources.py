@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from balanceroute.features.errors import UserError
 from balanceroute.predict.base import CompletionEstimator
-from balanceroute.predict.model_store import load_file, setup_mlflow
+from balanceroute.predict.model_store import error_line, load_file, setup_mlflow
 
 _MODELS_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/@]+)|/(?P<version>\d+))$")
 FETCH_TIMEOUT_S = 600
@@ -94,8 +94,8 @@ def _fetch_registry(uri: str, current: str | None) -> tuple[Resolved, Completion
         except subprocess.TimeoutExpired:
             raise UserError(f"resolving {uri} took more than {FETCH_TIMEOUT_S} s") from None
         if done.returncode != 0:
-            lines = done.stderr.strip().splitlines() or [f"exit code {done.returncode}"]
-            raise UserError(f"cannot load {uri}: {lines[-1]}")
+            lines = [ln for ln in done.stderr.strip().splitlines() if error_line(ln) == ln.strip()]
+            raise UserError(f"cannot load {uri}: {(lines or [f'exit code {done.returncode}'])[-1]}")
         meta = json.loads(done.stdout.strip().splitlines()[-1])
         if not meta.pop("changed"):
             return None

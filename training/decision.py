@@ -6,7 +6,7 @@ Brier score of ``p_finish = P(r <= H)``:
 
 - ``ibs_discounted``: the integrated Brier score of the curve over ``k = 1..H``, weighted by
   ``gamma^k`` (normalised to a weighted mean), ``gamma`` set as BR-H's ``auto_gamma`` rule sets
-  it for the trace (:func:`router_gamma`); ``ibs_discounted_per_request`` is the same with every
+  it for the trace and the group's ``B`` (:func:`router_gamma`); ``ibs_discounted_per_request`` is the same with every
   snapshot weighted alike (see below);
 - ``brier_at_k`` and ``auc_at_k`` (time-dependent: the event ``r <= k`` scored by
   ``1 - P(r > k)``) for ``k`` in :data:`SCORE_KS`.
@@ -28,14 +28,18 @@ from balanceroute.router.balance_config import BRH_DEFAULTS, GAMMA_MAX, GAMMA_MI
 from balanceroute.training.metrics import auc
 
 SCORE_KS: tuple[int, ...] = (8, 16, 40, 80)
+DEFAULT_SLOTS = 32  # the group evaluate scores for unless told (B of the replay scores)
 
 
-def router_gamma(output_tokens: np.ndarray, auto_gamma: float | None = None) -> float:
-    """The discount BR-H's ``auto_gamma`` rule sets for outputs like these:
-    ``clip(1 - auto_gamma / mean output, GAMMA_MIN, GAMMA_MAX)``."""
+def router_gamma(
+    output_tokens: np.ndarray, slots: int = DEFAULT_SLOTS, auto_gamma: float | None = None
+) -> float:
+    """The discount BR-H's ``auto_gamma`` rule sets for outputs like these on workers of
+    ``slots`` slots: ``clip(1 - auto_gamma * B / mean output, GAMMA_MIN, GAMMA_MAX)``
+    (docs/design.md, "Short outputs")."""
     x = BRH_DEFAULTS.auto_gamma if auto_gamma is None else auto_gamma
     mean = float(np.mean(output_tokens))
-    return float(np.clip(1.0 - x / mean, GAMMA_MIN, GAMMA_MAX))
+    return float(np.clip(1.0 - x * slots / mean, GAMMA_MIN, GAMMA_MAX))
 
 
 def discount_weights(horizon: int, gamma: float) -> np.ndarray:

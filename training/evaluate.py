@@ -90,7 +90,8 @@ def score_estimators(
     """Every metric of each estimator and of the prediction-free reference ``none``: the
     prequential scores, the decision-aware scores and the replay scores (measured first, on
     copies, so no estimator has seen the holdout before the replays)."""
-    gamma = router_gamma(holdout.arrays.output_tokens[: holdout.first_test])
+    replay = replay or ReplayScoreConfig()
+    gamma = router_gamma(holdout.arrays.output_tokens[: holdout.first_test], replay.slots)
     every = {**estimators, REFERENCE: NoPrediction(horizon=horizon).fit()}
     progress(f"replaying the holdout under brh with each estimator (gamma {gamma:.3f})")
     replayed = replay_scores(every, holdout.test, gamma, horizon, replay)
@@ -113,7 +114,8 @@ def evaluate_estimator(
     estimator: CompletionEstimator, holdout: Holdout, horizon: int, gamma: float | None = None
 ) -> tuple[dict[str, Any], dict[str, list[float]]]:
     """Metrics (with ``by_age``, ``predictions_per_s`` and the curve scores at discount
-    ``gamma``, by default BR-H's for the training part) and reliability curve of one estimator."""
+    ``gamma``, by default BR-H's for the training part at the default ``B``) and reliability
+    curve of one estimator."""
     if gamma is None:
         gamma = router_gamma(holdout.arrays.output_tokens[: holdout.first_test])
     res = replay_predictions(
@@ -153,6 +155,38 @@ def write_report(
     by_age = {k: m["by_age"] for k, m in shown.items()}
     paths["brier_by_age"] = brier_by_age_plot(by_age, out_dir / "brier_by_age.png")
     return paths
+
+
+def _cell(value: Any) -> str:
+    """One table cell: integers with separators, floats to four significant decimals."""
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        return str(value)
+    if isinstance(value, int | np.integer):
+        return f"{int(value):,}"
+    if not np.isfinite(value):
+        return "n/a"
+    return f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.4g}"
+
+
+def metrics_table(metrics: dict[str, dict[str, Any]]) -> str:
+    """The metrics as a text table: one row per scalar metric (every key any estimator reports,
+    in first-seen order), one column per estimator; nested ones such as ``by_age`` stay in
+    metrics.json."""
+    names: list[str] = []
+    for m in metrics.values():
+        names += [k for k, v in m.items() if not isinstance(v, dict | list) and k not in names]
+    rows = [["metric", *metrics]]
+    rows += [[name, *(_cell(m.get(name, "")) for m in metrics.values())] for name in names]
+    widths = [max(len(r[j]) for r in rows) for j in range(len(rows[0]))]
+    lines = [
+        "  ".join(
+            c.ljust(w) if j == 0 else c.rjust(w)
+            for j, (c, w) in enumerate(zip(r, widths, strict=True))
+        )
+        for r in rows
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
 
 
 def progress(message: str) -> None:

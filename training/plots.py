@@ -10,6 +10,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from balanceroute.features.files import atomic_output
+
 
 def reliability_plot(curves: dict[str, dict[str, list[float]]], path: Path) -> Path:
     """Mean predicted vs observed finish frequency per probability bin."""
@@ -27,7 +29,8 @@ def reliability_plot(curves: dict[str, dict[str, list[float]]], path: Path) -> P
     ax.set_title("Reliability diagram")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_output(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
     return path
 
@@ -43,6 +46,7 @@ def brier_by_age_plot(by_age: dict[str, dict[str, dict[str, Any]]], path: Path) 
     ax.set_title("Brier score by age")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_output(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
     return path

@@ -44,7 +44,7 @@ from balanceroute.router.prefill import PrefillConfig
 from balanceroute.router.runner import ReplaySpec, replay
 from balanceroute.router.specs import RouterSpec
 from balanceroute.router.state import Admissions, RouterState
-from balanceroute.training.decision import discount_weights
+from balanceroute.training.decision import DEFAULT_SLOTS, discount_weights
 
 STATE_ROUTER = "brh:none"
 WINDOW_FRACTION = 0.5  # each replayed window holds half of the requests, as in the A/B study
@@ -56,7 +56,9 @@ class ReplayScoreConfig:
     states the projection error samples."""
 
     workers: int = field(default=8, metadata={"help": "workers G of the sampling replay"})
-    slots: int = field(default=32, metadata={"help": "slots B per worker of the sampling replay"})
+    slots: int = field(
+        default=DEFAULT_SLOTS, metadata={"help": "slots B per worker of the sampling replay"}
+    )
     load: float | None = field(
         default=None, metadata={"help": "offered load (x capacity); None: saturated"}
     )

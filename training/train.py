@@ -1,16 +1,26 @@
 """``balanceroute train``: fit estimators on the earlier 70%, score them on the rest, track them.
 
 Order of work, so that nothing trained is ever lost: fit and evaluate every estimator, write the
-joblib files, metrics and plots to a local folder, and only then log to MLflow (params, metrics,
-artifacts, one pyfunc model per estimator registered as a version of one registered model, with a
-``kind`` tag, an alias per kind, ``champion``/``challenger`` by validation Brier). If tracking
-fails the run is marked FAILED and the error says where the local artifacts are.
+joblib files, metrics and plots to a local folder, score the current ``champion`` on this run's
+holdout, and only then log to MLflow in one final step (params, metrics, artifacts, one pyfunc
+model per estimator registered as a version of one registered model, with a ``kind`` tag). If
+tracking fails the run is marked FAILED and the error says where the local artifacts are.
+
+Promotion: the aliases move only once the run has finished successfully, in one short step
+after it (a failed or interrupted run moves none). Each kind's alias names this run's version of
+that kind. ``champion`` moves to the run's best estimator (lowest validation Brier) only if it
+beats the current champion scored on the *same* holdout, or with ``promote``; otherwise the
+candidate becomes ``challenger``. A run killed outright (``kill -9``) cannot close itself: the
+next ``train`` marks such orphans (RUNNING, started by a process that no longer exists on this
+host) as KILLED.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import socket
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -19,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from balanceroute.features.causal import CausalConfig
 from balanceroute.features.errors import UserError
 from balanceroute.features.files import write_text
 from balanceroute.features.keys import AUTO_KEY, check_key_source, resolve_key_source
@@ -27,6 +38,8 @@ from balanceroute.predict.base import Fitting
 from balanceroute.predict.factory import EstimatorSpec, build_estimator
 from balanceroute.predict.model_store import (
     DEFAULT_MODEL_NAME,
+    error_line,
+    load_estimator,
     save_estimator,
     setup_mlflow,
     tracking_uri,
@@ -38,7 +51,7 @@ from balanceroute.training.evaluate import (
     progress,
     write_report,
 )
-from balanceroute.training.holdout import make_holdout
+from balanceroute.training.holdout import Holdout, make_holdout, observe_training_part
 from balanceroute.training.pyfunc import PIP_REQUIREMENTS, CompletionPyfunc, signature
 from balanceroute.training.tracking import (
     DEFAULT_ESTIMATORS,
@@ -58,6 +71,7 @@ class TrainConfig:
     experiment: str = DEFAULT_EXPERIMENT
     register_as: str = DEFAULT_MODEL_NAME
     out: str | None = None
+    promote: bool = False
     train_fraction: float = 0.7
     estimator_params: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -142,11 +156,15 @@ def run_train(cfg: TrainConfig) -> dict[str, Any]:
     write_text(out_dir / "config.json", json.dumps(summary, indent=2, default=str) + "\n")
     progress(f"artifacts saved locally in {out_dir.resolve()}")
     try:
+        champion = score_champion(cfg, holdout)
         summary["registry"] = log_to_mlflow(cfg, summary, files, report, metrics, out_dir)
+        summary["registry"].update(
+            move_aliases(cfg, summary["registry"]["versions"], metrics, champion)
+        )
     except TrackingError:
         raise
     except Exception as exc:
-        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        msg = error_line(exc)
         raise TrackingError(
             f"tracking store {tracking_uri()} failed ({msg}); the trained artifacts are saved "
             f"locally in {out_dir.resolve()}"
@@ -174,6 +192,37 @@ def _params(cfg: TrainConfig, summary: dict[str, Any]) -> dict[str, Any]:
     return flat
 
 
+PID_TAG, HOST_TAG = "balanceroute.pid", "balanceroute.host"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def close_orphaned_runs(client: Any, experiment: str) -> list[str]:
+    """Mark KILLED the RUNNING runs of ``experiment`` whose training process, on this host, is
+    gone (a ``kill -9`` leaves them RUNNING forever); returns their ids."""
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return []
+    closed = []
+    host = socket.gethostname()
+    for run in client.search_runs([exp.experiment_id], "attributes.status = 'RUNNING'"):
+        tags = run.data.tags
+        pid = tags.get(PID_TAG, "")
+        if tags.get(HOST_TAG) == host and pid.isdigit() and not _alive(int(pid)):
+            client.set_terminated(run.info.run_id, status="KILLED")
+            closed.append(run.info.run_id)
+            progress(f"closed run {run.info.run_id}: its process {pid} is gone (marked KILLED)")
+    return closed
+
+
 def log_to_mlflow(
     cfg: TrainConfig,
     summary: dict[str, Any],
@@ -190,10 +239,16 @@ def log_to_mlflow(
     progress(f"logging to MLflow at {uri}")
     client = MlflowClient()
     versions: dict[str, str] = {}
+    close_orphaned_runs(client, cfg.experiment)
     with mlflow.start_run(run_name=summary["run_name"]) as run:
         mlflow.log_params(_params(cfg, summary))
         mlflow.set_tags(
-            {"trace_sha256": summary["source"]["sha256"], "trace_rows": summary["source"]["rows"]}
+            {
+                "trace_sha256": summary["source"]["sha256"],
+                "trace_rows": summary["source"]["rows"],
+                PID_TAG: str(os.getpid()),
+                HOST_TAG: socket.gethostname(),
+            }
         )
         mlflow.log_metrics(flat_metrics(metrics))
         mlflow.log_dict(summary["source"], "trace.json")
@@ -214,23 +269,104 @@ def log_to_mlflow(
             client.set_model_version_tag(
                 cfg.register_as, version, "val_brier", f"{metrics[kind]['brier']:.5f}"
             )
-            client.set_registered_model_alias(cfg.register_as, kind, version)
             versions[kind] = version
             progress(f"registered {cfg.register_as} version {version} ({kind})")
-        ranked = sorted(versions, key=lambda k: metrics[k]["brier"])
-        aliases = {"champion": ranked[0]}
-        client.set_registered_model_alias(cfg.register_as, "champion", versions[ranked[0]])
-        if len(ranked) > 1:
-            aliases["challenger"] = ranked[1]
-            client.set_registered_model_alias(cfg.register_as, "challenger", versions[ranked[1]])
-        mlflow.set_tag("champion", ranked[0])
-        progress(f"champion: {ranked[0]} (validation brier {metrics[ranked[0]]['brier']:.4f})")
     return {
         "tracking_uri": uri,
         "run_id": run.info.run_id,
         "model": cfg.register_as,
         "versions": versions,
-        "aliases": {a: versions[k] for a, k in aliases.items()},
-        "champion": ranked[0],
         "brier": {k: float(np.round(metrics[k]["brier"], 6)) for k in versions},
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class Champion:
+    """The registered champion, scored on this run's holdout (None fields: none to score)."""
+
+    version: str | None = None
+    kind: str | None = None
+    brier: float | None = None
+    note: str | None = None
+
+
+def score_champion(cfg: TrainConfig, holdout: Holdout) -> Champion:
+    """The current ``champion`` of ``cfg.register_as`` evaluated on ``holdout`` (read-only)."""
+    setup_mlflow(cfg.experiment)
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    try:
+        version = MlflowClient().get_model_version_by_alias(cfg.register_as, "champion")
+    except MlflowException:
+        return Champion(note="no champion yet")
+    try:
+        est = load_estimator(f"models:/{cfg.register_as}/{version.version}")
+    except UserError as exc:
+        return Champion(version.version, note=f"the champion cannot be loaded ({exc})")
+    if est.horizon != cfg.horizon:
+        return Champion(
+            version.version,
+            est.name,
+            note=f"the champion predicts {est.horizon} iterations ahead, this run {cfg.horizon}",
+        )
+    progress(f"scoring champion version {version.version} ({est.name}) on this holdout")
+    if est.learns_online:  # fitted on other data: let it see this run's training part first
+        observe_training_part(est, holdout, CausalConfig())
+    scored, _ = evaluate_estimator(est, holdout, cfg.horizon)
+    return Champion(version.version, est.name, float(scored["brier"]))
+
+
+def promotion(
+    metrics: dict[str, dict[str, Any]], champion: Champion, promote: bool
+) -> tuple[str, bool, str]:
+    """``(candidate kind, promoted, why)``: the run's best estimator by validation Brier, and
+    whether it replaces the champion (it must beat it on the same holdout, or ``promote``)."""
+    candidate = min(metrics, key=lambda k: metrics[k]["brier"])
+    mine = metrics[candidate]["brier"]
+    if promote:
+        return candidate, True, "--promote"
+    if champion.version is None:
+        return candidate, True, champion.note or "no champion yet"
+    if champion.brier is None:
+        return candidate, False, f"{champion.note}: use --promote to replace it"
+    if mine < champion.brier:
+        why = f"brier {mine:.4f} beats the champion's {champion.brier:.4f} on this holdout"
+        return candidate, True, why
+    why = f"brier {mine:.4f} does not beat the champion's {champion.brier:.4f} on this holdout"
+    return candidate, False, why
+
+
+def move_aliases(
+    cfg: TrainConfig,
+    versions: dict[str, str],
+    metrics: dict[str, dict[str, Any]],
+    champion: Champion,
+) -> dict[str, Any]:
+    """After a successful run: each kind's alias, then ``challenger``, then (if promoted)
+    ``champion``, in one short step. Returns what moved and why."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient()
+    candidate, promoted, why = promotion(metrics, champion, cfg.promote)
+    ranked = sorted(versions, key=lambda k: metrics[k]["brier"])
+    aliases = {kind: versions[kind] for kind in versions}
+    if promoted and len(ranked) > 1:
+        aliases["challenger"] = versions[ranked[1]]
+    elif not promoted:
+        aliases["challenger"] = versions[candidate]
+    if promoted:
+        aliases["champion"] = versions[candidate]
+    for alias, version in aliases.items():
+        client.set_registered_model_alias(cfg.register_as, alias, version)
+    verb = "is the new champion" if promoted else "stays challenger; champion unchanged"
+    progress(f"{candidate} {verb} ({why})")
+    return {
+        "aliases": aliases,
+        "candidate": candidate,
+        "promoted": promoted,
+        "promotion": why,
+        "champion": candidate if promoted else champion.kind,
+        "champion_version": versions[candidate] if promoted else champion.version,
+        "champion_brier_on_holdout": champion.brier,
     }

@@ -8,10 +8,15 @@ The completion hook (projection upkeep when requests finish) is charged to the r
 
 Arms: ``brh`` is the recommended configuration (predictions refreshed every iteration),
 ``brh-refresh8`` the same refreshed every 8, ``brh-paper`` the paper's (every 80); all with
-the oracle estimator, whose prediction cost is a few array lookups.
+the oracle estimator, whose prediction cost is a few array lookups. ``brh:none`` is the same
+router without prediction, and ``brh:survival``, ``brh:exactmatch``, ``brh:gbdt``,
+``brh:hazard`` the learned estimators (trained on the first 30% of the trace, which is then not
+replayed), predictions every iteration; ``ratio_to_brh_none_median`` compares each with
+``brh:none`` run by run.
 
-Targets (issue 3): at G=8, B=64, H=80, R_max=4 with a pool of 256, BR-H median <= 100 us,
-p99 <= 400 us and <= 1.5x count-JSQ's median; at G=128 median <= 2 ms.
+Targets: (issue 3) at G=8, B=64, H=80, R_max=4 with a pool of 256, BR-H median <= 100 us,
+p99 <= 400 us and <= 1.5x count-JSQ's median; at G=128 median <= 2 ms. (issue 14) with any
+learned estimator, median <= 500 us at G=8, B=64 and <= 2x ``brh:none``'s median.
 
     .venv/bin/python benchmarks/perf/router_latency.py [--runs 3] [--pool 256]
 """
@@ -19,7 +24,9 @@ p99 <= 400 us and <= 1.5x count-JSQ's median; at G=128 median <= 2 ms.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
+import os
 import statistics
 from dataclasses import replace
 from pathlib import Path
@@ -28,6 +35,7 @@ import numpy as np
 
 from balanceroute.features.loaders import load_trace
 from balanceroute.features.schema import to_arrays
+from balanceroute.features.split import time_split
 from balanceroute.features.synthetic import generate
 from balanceroute.predict.factory import build_estimator
 from balanceroute.router.baselines import CountJSQPolicy
@@ -42,7 +50,18 @@ ARMS = {
     "brh": "brh:oracle",
     "brh-refresh8": "brh:oracle{refresh=8}",
     "brh-paper": "brh-paper:oracle",
+    "brh:none": "brh:none",
+    "brh:survival": "brh:survival",
+    "brh:exactmatch": "brh:exactmatch",
+    "brh:gbdt": "brh:gbdt",
+    "brh:hazard": "brh:hazard",
 }
+LEARNED = ("brh:survival", "brh:exactmatch", "brh:gbdt", "brh:hazard")
+
+
+def arm_spec(name: str) -> str:
+    """The spec string of an arm: a name of ``ARMS``, or any spec (``brh:gbdt{guard=false}``)."""
+    return ARMS.get(name, name)
 
 
 def pooled_releases(frame, workers: int, slots: int, pool: int):
@@ -57,10 +76,22 @@ def pooled_releases(frame, workers: int, slots: int, pool: int):
     return replace(rq, release_s=np.maximum.accumulate(rel))
 
 
-def run_arm(name, rq, frame, workers, slots):
-    spec = RouterSpec.parse(ARMS[name])
+def fitted_estimators(history, arms):
+    """The learned arms' estimators, fitted once on ``history`` (copied for every run)."""
+    out = {}
+    for a in arms:
+        spec = RouterSpec.parse(arm_spec(a))
+        if spec.estimator is not None and spec.estimator.needs_history:
+            out[a] = build_estimator(spec.estimator, history=history, horizon=spec.horizon or 80)
+    return out
+
+
+def run_arm(name, rq, frame, workers, slots, fitted):
+    spec = RouterSpec.parse(arm_spec(name))
     est = None
-    if spec.estimator is not None:
+    if name in fitted:
+        est = copy.deepcopy(fitted[name])  # online updates must not leak between runs
+    elif spec.estimator is not None:
         est = build_estimator(spec.estimator, replay=frame, horizon=spec.horizon or 80)
     policy = spec.build_policy(est)
     res = simulate(rq, policy, SimConfig(workers=workers, slots=slots, record_loads=False))
@@ -68,25 +99,37 @@ def run_arm(name, rq, frame, workers, slots):
     return float(np.median(us)), float(np.percentile(us, 99))
 
 
+def ratio(values, base):
+    """Median of the run-by-run ratios."""
+    return round(statistics.median([x / b for x, b in zip(values, base, strict=True)]), 2)
+
+
 def study(frame, workers, slots, pool, runs, arms):
+    fitted = {}
+    if any(
+        RouterSpec.parse(arm_spec(a)).estimator is not None
+        and RouterSpec.parse(arm_spec(a)).estimator.needs_history
+        for a in arms
+    ):
+        history, frame = time_split(frame, 0.3, rebase_tail=True)
+        fitted = fitted_estimators(history, arms)
     rq = pooled_releases(frame, workers, slots, pool)
     med = {a: [] for a in arms}
     p99 = {a: [] for a in arms}
     for _ in range(runs):
         for a in arms:
-            m, p = run_arm(a, rq, frame, workers, slots)
+            m, p = run_arm(a, rq, frame, workers, slots, fitted)
             med[a].append(m)
             p99[a].append(p)
-    base = med["count-jsq"]
     out = {"workers": workers, "slots": slots, "pool": pool, "requests": len(frame)}
     for a in arms:
         out[a] = {
             "median_us": round(statistics.median(med[a]), 1),
             "p99_us": round(statistics.median(p99[a]), 1),
-            "ratio_to_count_jsq_median": round(
-                statistics.median([x / b for x, b in zip(med[a], base, strict=True)]), 2
-            ),
+            "ratio_to_count_jsq_median": ratio(med[a], med["count-jsq"]),
         }
+        if "brh:none" in arms and a.startswith("brh:"):
+            out[a]["ratio_to_brh_none_median"] = ratio(med[a], med["brh:none"])
     return out
 
 
@@ -94,19 +137,35 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--pool", type=int, default=256)
+    ap.add_argument(
+        "--arms",
+        default=",".join(ARMS),
+        help="comma-separated arms at G=8 (names above, or spec strings; ';' inside braces)",
+    )
+    ap.add_argument("--no-g128", action="store_true", help="skip the G=128 study")
     args = ap.parse_args()
+    arms = args.arms.split(",")
+    if "count-jsq" not in arms:
+        arms.insert(0, "count-jsq")
     azure = DATA / "azure_llm_2023_conv.csv"
     frame = load_trace(azure) if azure.exists() else generate("azure-conv", 20_000, seed=0)
-    out = {"g8": study(frame, 8, 64, args.pool, args.runs, list(ARMS))}
-    big = generate("azure-conv", 60_000, seed=1)
-    out["g128"] = study(
-        big, 128, 64, args.pool, max(1, args.runs - 1), ["count-jsq", "br0", "brh", "brh-paper"]
-    )
+    out = {
+        "load_average": os.getloadavg()[0],
+        "g8": study(frame, 8, 64, args.pool, args.runs, arms),
+    }
+    if not args.no_g128:
+        big = generate("azure-conv", 60_000, seed=1)
+        out["g128"] = study(
+            big, 128, 64, args.pool, max(1, args.runs - 1), ["count-jsq", "br0", "brh", "brh-paper"]
+        )
+    out["load_average_after"] = os.getloadavg()[0]
     out["targets"] = {
         "g8_brh_median_us": 100,
         "g8_brh_p99_us": 400,
         "g8_brh_ratio_to_count_jsq": 1.5,
         "g128_brh_median_us": 2000,
+        "g8_learned_median_us": 500,
+        "g8_learned_ratio_to_brh_none": 2.0,
     }
     print(json.dumps(out, indent=2))
 

@@ -114,31 +114,43 @@ def gap_closed(summary: dict, arm: str, metric: str = "steady_mean_imbalance") -
     """Share of the oracle's gain over ``brh:none`` that ``arm`` recovers, from the median
     paired ratios: ``(1 - arm/none) / (1 - oracle/none)``; None where the oracle does not help."""
     oracle = median_ratio(summary, "brh:oracle", "brh:none", metric)
-    if oracle is None or oracle > HELPS:
+    mine = median_ratio(summary, arm, "brh:none", metric)
+    if oracle is None or mine is None or oracle > HELPS:
         return None
-    return (1.0 - median_ratio(summary, arm, "brh:none", metric)) / (1.0 - oracle)
+    return (1.0 - mine) / (1.0 - oracle)
 
 
-def value_table(summaries: dict[str, dict]) -> str:
+def fmt(value: float | None) -> str:
+    """A ratio to three decimals, or n/a (no steady state to compare)."""
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def value_table(summaries: dict[str, dict], suffix: str = "") -> str:
     """The same router without prediction, with each estimator and with the oracle: steady
-    imbalance ratio to ``brh:none`` and the share of the oracle's gain each recovers."""
+    imbalance ratio to ``brh:none`` and the share of the oracle's gain each recovers (the
+    estimator arms are ``brh:<kind><suffix>``, e.g. ``{guard=false}``; runs without an oracle
+    arm show n/a for it)."""
     rows = [
         "| run | oracle / none | " + " | ".join(f"{e} / none (gap closed)" for e in LEARNED) + " |",
         "|---" * (len(LEARNED) + 2) + "|",
     ]
     for name, s in summaries.items():
         arms = s["config"]["arms"]
-        if "brh:none" not in arms or "brh:oracle" not in arms:
+        if "brh:none" not in arms:
             continue
-        cells = [f"{median_ratio(s, 'brh:oracle', 'brh:none', 'steady_mean_imbalance'):.3f}"]
+        oracle = "brh:oracle" in arms
+        cells = [
+            fmt(
+                median_ratio(s, "brh:oracle", "brh:none", "steady_mean_imbalance")
+                if oracle
+                else None
+            )
+        ]
         for e in LEARNED:
-            arm = f"brh:{e}"
-            if arm not in arms:
-                cells.append("n/a")
-                continue
-            r = median_ratio(s, arm, "brh:none", "steady_mean_imbalance")
-            g = gap_closed(s, arm)
-            cells.append(f"{r:.3f}" + ("" if g is None else f" ({g:.2f})"))
+            arm = f"brh:{e}{suffix}"
+            r = median_ratio(s, arm, "brh:none", "steady_mean_imbalance") if arm in arms else None
+            g = gap_closed(s, arm) if r is not None and oracle else None
+            cells.append(fmt(r) + ("" if g is None else f" ({g:.2f})"))
         rows.append(f"| {label(s, name)} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
@@ -209,6 +221,13 @@ def checks(summaries: dict[str, dict], ref: str) -> dict[str, Any]:
     return out
 
 
+def repeats_of(summaries: dict[str, dict], workload: str) -> int:
+    """Repeats of a workload's runs (the fewest, if they differ)."""
+    return min(
+        len(s["config"]["windows"]) for n, s in summaries.items() if n.startswith(workload + "-")
+    )
+
+
 def sections(summaries: dict[str, dict], ref: str) -> dict[str, str]:
     """The routing sections of the results document, by marker name."""
     workloads = sorted({name.rsplit("-b", 1)[0] for name in summaries})
@@ -216,18 +235,20 @@ def sections(summaries: dict[str, dict], ref: str) -> dict[str, str]:
     for wl in workloads:
         body = headline(summaries, wl, ref)
         if body:
-            heads.append(f"**{wl}** (G = 8, median ratio to `{ref}` over 5 repeats)\n\n{body}")
+            reps = repeats_of(summaries, wl)
+            heads.append(f"**{wl}** (G = 8, median ratio to `{ref}` over {reps} repeats)\n\n{body}")
     scaling = [
         f"**{label(s, name).split(':')[0]}** (B = {s['config']['slots']}, ratio to `{ref}`)\n\n"
         + scaling_table(s, ref)
         for name, s in summaries.items()
         if len(s["config"]["workers"]) > 1
     ]
-    return {
+    parts = {
         "headline": "\n\n".join(heads),
         "value": value_table(summaries),
         "scaling": "\n\n".join(scaling),
     }
+    return {name: body for name, body in parts.items() if body}  # a study without a part keeps it
 
 
 def write_sections(path: Path, parts: dict[str, str]) -> None:
@@ -248,6 +269,7 @@ def main() -> None:
     ap.add_argument("--reference", default="count-jsq")
     ap.add_argument("--json", action="store_true", help="also print the target checks")
     ap.add_argument("--value", action="store_true", help="print the value-of-prediction table")
+    ap.add_argument("--suffix", default="", help="--value: estimator arms are brh:<kind><suffix>")
     ap.add_argument("--scaling", action="store_true", help="print ratios at every G")
     ap.add_argument(
         "--headline",
@@ -272,11 +294,12 @@ def main() -> None:
                 print(scaling_table(s, args.reference) + "\n")
         return
     if args.value:
-        print(value_table(summaries) + "\n")
+        print(value_table(summaries, args.suffix) + "\n")
         return
     if args.headline is not None:
         for wl in args.headline:
-            print(f"**{wl}** (G = 8, median ratio to `{args.reference}` over 5 repeats)\n")
+            reps = repeats_of(summaries, wl)
+            print(f"**{wl}** (G = 8, median ratio to `{args.reference}` over {reps} repeats)\n")
             print(headline(summaries, wl, args.reference) + "\n")
         return
     for name, s in summaries.items():

@@ -81,22 +81,26 @@ def workload_scores(
         spec_k = EstimatorSpec(kind, params={"horizon": HORIZON})
         fitted[kind] = build_estimator(spec_k, history=holdout.train)
     fitted[REFERENCE] = NoPrediction(horizon=HORIZON).fit()
-    gamma = router_gamma(holdout.arrays.output_tokens[: holdout.first_test])
-    base: dict[str, dict[str, float]] = {}
-    for kind, est in fitted.items():
-        log(f"scoring {kind}")
-        m, _ = evaluate_estimator(copy.deepcopy(est), holdout, HORIZON, gamma)
-        base[kind] = {k: float(v) for k, v in m.items() if k in SCORE_SIGNS}
+    trained = holdout.arrays.output_tokens[: holdout.first_test]
+    gammas = {
+        b: router_gamma(trained, b)
+        for b in sorted({int(s["config"]["slots"]) for s in runs.values()})
+    }
+    base: dict[int, dict[str, dict[str, float]]] = {b: {} for b in gammas}
+    for b, gamma in gammas.items():  # the discount BR-H sets depends on B
+        for kind, est in fitted.items():
+            log(f"scoring {kind} (B = {b}, gamma {gamma:.3f})")
+            m, _ = evaluate_estimator(copy.deepcopy(est), holdout, HORIZON, gamma)
+            base[b][kind] = {k: float(v) for k, v in m.items() if k in SCORE_SIGNS}
     out = {}
     for name, summary in runs.items():
         cfg = summary["config"]
-        proj = ReplayScoreConfig(
-            slots=int(cfg["slots"]), load=None if cfg["saturate"] else float(cfg["load"])
-        )
+        b = int(cfg["slots"])
+        proj = ReplayScoreConfig(slots=b, load=None if cfg["saturate"] else float(cfg["load"]))
         log(f"replay scores for {name}")
-        errors = replay_scores(fitted, holdout.test, gamma, HORIZON, proj)
+        errors = replay_scores(fitted, holdout.test, gammas[b], HORIZON, proj)
         out[name] = {
-            k: {**base[k], **{s: float(v) for s, v in errors[k].items() if s in SCORE_SIGNS}}
+            k: {**base[b][k], **{s: float(v) for s, v in errors[k].items() if s in SCORE_SIGNS}}
             for k in fitted
         }
     return out

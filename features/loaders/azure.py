@@ -23,7 +23,7 @@ from balanceroute.features.loaders.common import (
     require_columns,
     since_first,
 )
-from balanceroute.features.schema import as_token_counts
+from balanceroute.features.schema import length_columns
 
 TIME, PROMPT, OUTPUT = "TIMESTAMP", "ContextTokens", "GeneratedTokens"
 
@@ -52,8 +52,9 @@ def read(path: Path, sniffed: Sniff, *, key_blocks: int, limit: int | None) -> p
     times, prompts, outputs = [], [], []
     for chunk, rows in iter_csv(path, (TIME, PROMPT, OUTPUT), limit=limit, text=(TIME,)):
         times.append(parse_timestamps(chunk[TIME], path=path, rows=rows))
-        prompts.append(as_token_counts(chunk[PROMPT], source=path, field=PROMPT, rows=rows))
-        outputs.append(as_token_counts(chunk[OUTPUT], source=path, field=OUTPUT, rows=rows))
+        prompt, output = length_columns(chunk, PROMPT, OUTPUT, source=path, rows=rows)
+        prompts.append(prompt)
+        outputs.append(output)
     ns = since_first(concat(times, np.int64))
     return pd.DataFrame(
         {

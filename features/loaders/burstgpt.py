@@ -23,7 +23,7 @@ from balanceroute.features.loaders.common import (
     require_columns,
     since_first,
 )
-from balanceroute.features.schema import as_seconds, as_token_counts
+from balanceroute.features.schema import as_seconds, length_columns
 
 TIME, PROMPT, OUTPUT = "Timestamp", "Request tokens", "Response tokens"
 ALL_COLUMNS = (TIME, "Model", PROMPT, OUTPUT, "Total tokens", "Log Type")
@@ -42,8 +42,9 @@ def read(path: Path, sniffed: Sniff, *, key_blocks: int, limit: int | None) -> p
         failed += int((~ok).sum())
         chunk, rows = chunk[ok], rows[ok]
         times.append(as_seconds(chunk[TIME], source=path, field=TIME, rows=rows))
-        prompts.append(as_token_counts(chunk[PROMPT], source=path, field=PROMPT, rows=rows))
-        outputs.append(as_token_counts(chunk[OUTPUT], source=path, field=OUTPUT, rows=rows))
+        prompt, output = length_columns(chunk, PROMPT, OUTPUT, source=path, rows=rows)
+        prompts.append(prompt)
+        outputs.append(output)
         ids.append(rows - 1)
         kept += len(rows)
         if limit is not None and kept >= limit:

@@ -25,7 +25,7 @@ from balanceroute.features.loaders.common import (
     iter_jsonl,
     require_columns,
 )
-from balanceroute.features.schema import REQUIRED_COLUMNS, as_seconds, as_token_counts
+from balanceroute.features.schema import REQUIRED_COLUMNS, as_seconds, length_columns
 
 TEXT_COLUMNS = ("request_id", "prompt_key")
 
@@ -75,8 +75,9 @@ def read(path: Path, sniffed: Sniff, *, key_blocks: int, limit: int | None) -> p
         parts["arrival_s"].append(
             as_seconds(chunk["arrival_s"], source=path, field="arrival_s", rows=rows)
         )
-        for name in ("prompt_tokens", "output_tokens"):
-            parts[name].append(as_token_counts(chunk[name], source=path, field=name, rows=rows))
+        lengths = length_columns(chunk, "prompt_tokens", "output_tokens", source=path, rows=rows)
+        for name, values in zip(("prompt_tokens", "output_tokens"), lengths, strict=True):
+            parts[name].append(values)
         for name in present:
             parts[name].append(chunk[name].astype("str").to_numpy(dtype=object))
     frame = pd.DataFrame({"arrival_s": concat(parts["arrival_s"], np.float64)})

@@ -17,7 +17,7 @@ import pandas as pd
 
 from balanceroute.features.errors import TraceError
 from balanceroute.features.loaders.common import Sniff, TraceFormat, concat, iter_jsonl, since_first
-from balanceroute.features.schema import as_seconds, as_token_counts
+from balanceroute.features.schema import as_seconds, length_columns
 
 TIME, PROMPT, OUTPUT, HASHES = "timestamp", "input_length", "output_length", "hash_ids"
 
@@ -62,8 +62,10 @@ def read(path: Path, sniffed: Sniff, *, key_blocks: int, limit: int | None) -> p
     )
     for values, rows in chunks:
         times.append(as_seconds(pd.Series(values[TIME]), source=path, field=TIME, rows=rows))
-        for name, out in ((PROMPT, prompts), (OUTPUT, outputs)):
-            out.append(as_token_counts(pd.Series(values[name]), source=path, field=name, rows=rows))
+        columns = {name: pd.Series(values[name]) for name in (PROMPT, OUTPUT)}
+        prompt, output = length_columns(columns, PROMPT, OUTPUT, source=path, rows=rows)
+        prompts.append(prompt)
+        outputs.append(output)
         keys.extend(check_keys(values[HASHES], path=path, rows=rows))
     return pd.DataFrame(
         {

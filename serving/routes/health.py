@@ -1,4 +1,5 @@
-"""Probes, open to all: ``/healthz`` (the process is up) and ``/readyz`` (every arm is loaded)."""
+"""Probes, open to all: ``/healthz`` (the process is up) and ``/readyz`` (every arm is loaded
+and healthy)."""
 
 from __future__ import annotations
 
@@ -23,10 +24,14 @@ async def healthz() -> StatusResponse:
     responses={503: {"model": StatusResponse, "description": "a model is not loaded yet"}},
 )
 async def readyz(store: StoreDep) -> StatusResponse | JSONResponse:
-    """200 once every configured arm has a model, 503 before (or after a failed load)."""
+    """200 once every configured arm has a model that passes its health check; 503 before, after
+    a failed load (with the next retry) or once a model fails its health check."""
+    broken = store.check_health()
     if store.ready:
         return StatusResponse(status="ready")
     missing = [store.not_ready_reason(arm) for arm in store.uris if arm not in store.arms]
     failed = any(arm in store.errors for arm in store.uris if arm not in store.arms)
-    body = StatusResponse(status="failed" if failed else "loading", detail="; ".join(missing))
+    status = "unhealthy" if broken else ("failed" if failed else "loading")
+    unhealthy = [store.not_ready_reason(arm) for arm in broken]
+    body = StatusResponse(status=status, detail="; ".join(missing + unhealthy))
     return JSONResponse(body.model_dump(), status_code=503)

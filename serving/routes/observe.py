@@ -19,10 +19,13 @@ router = APIRouter(prefix="/v1", tags=["observe"], dependencies=[Authorized])
     responses={413: {"description": "more completions than the per-call limit"}},
 )
 async def observe(request: Request) -> ObserveResponse:
-    """Feed completions (in finish order) to every arm; kept in a bounded log for reloads."""
+    """Feed completions (in finish order) to every arm; kept in a bounded log for reloads.
+
+    A large batch updates a copy of each model off the event loop: predictions and probes go on
+    meanwhile; the response is sent once the updated models serve."""
     svc = services(request)
     cols = decode_observe(await json_body(request), svc.settings.max_requests)
-    arms = svc.store.observe(cols)
+    arms = await svc.store.observe(cols)
     request.state.arm = "all"
     svc.metrics.batch_size.labels("/v1/observe").observe(cols.size)
     svc.metrics.observed.inc(cols.size)

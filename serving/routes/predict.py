@@ -30,7 +30,8 @@ async def predict(request: Request) -> Response:
     request.state.arm = model.arm
     svc.metrics.batch_size.labels("/v1/predict").observe(inp.running.size)
     try:
-        pred, horizon = inference.predict(model, inp)
+        with svc.store.lock:
+            pred, horizon = inference.predict(model, inp)
     except inference.HorizonUnavailable as exc:
         raise field_error(("body", "horizon"), "horizon_unavailable", str(exc)) from None
     return Response(inference.encode(model, inp, pred, horizon), media_type="application/json")

@@ -16,6 +16,8 @@ MINIMAL = {
     "train": ["train"],
     "evaluate": ["evaluate", "--estimator", "gbdt", "--out", "o"],
     "serve": ["serve"],
+    "emulate": ["emulate"],
+    "bench": ["bench", "--url", "http://127.0.0.1:9000", "--out", "o"],
 }
 
 

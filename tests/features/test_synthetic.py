@@ -20,6 +20,7 @@ TARGETS = {
     "azure-conv": (1_155, 211),
     "mooncake-conv": (12_035, 343),
     "geometric": (1_024.5, 256),
+    "code-completion": (3_000, 40),
 }
 
 
@@ -40,7 +41,7 @@ def test_means_within_ten_percent(traces, name):
     assert trace["output_tokens"].mean() == pytest.approx(output, rel=0.1)
 
 
-@pytest.mark.parametrize("name", ["paper-prod", "azure-conv", "mooncake-conv"])
+@pytest.mark.parametrize("name", ["paper-prod", "azure-conv", "mooncake-conv", "code-completion"])
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_means_hold_for_other_seeds(name, seed):
     prompt, output = TARGETS[name]
@@ -113,3 +114,12 @@ def test_unknown_preset_lists_the_known_ones():
 def test_request_count_must_be_positive():
     with pytest.raises(UserError, match="at least 1"):
         generate("paper-prod", 0)
+
+
+def test_code_completion_outputs_are_short_next_to_the_horizon(traces):
+    """A few thousand prompt tokens, a few dozen output tokens: short next to H = 80."""
+    trace = traces["code-completion"]
+    assert 2_000 <= trace["prompt_tokens"].median() <= 4_000
+    assert trace["output_tokens"].median() < 40
+    assert (trace["output_tokens"] <= 80).mean() > 0.85
+    assert trace["prompt_key"].duplicated(keep=False).mean() > 0.5  # files recur

@@ -56,7 +56,7 @@ def test_failed_write_leaves_no_partial_file(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setitem(trace_io.WRITERS, ".csv", explode)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(UserError, match=r"t\.csv.*disk full"):  # one line naming the file
         write_trace(generate("geometric", 5), tmp_path / "t.csv")
     assert list(tmp_path.iterdir()) == []
 

@@ -16,6 +16,11 @@ It writes, next to this file:
 - ``service.json``: a real ``balanceroute serve`` process's answers to ``SERVICE_CALLS``, with
   the saved ``survival`` and ``gbdt`` models as arms a and b.
 Regenerating these files is a deliberate change of behaviour, never a way to make a test pass.
+A later release that changes behaviour on purpose regenerates only the parts it changes, e.g.
+
+    .venv/bin/python tests/golden/make_golden.py --only ab,service
+
+(the saved models and their predictions stay those of release 0.1.0).
 """
 
 from __future__ import annotations
@@ -170,7 +175,40 @@ def record_service(snap: dict[str, np.ndarray], module: list[str]) -> list[dict]
         proc.wait()
 
 
+PARTS = ("models", "service", "ab", "evaluate")
+
+
+def record_ab() -> None:
+    """``ab/summary.json``: the A/B run of ``AB_ARGS`` with the current code."""
+    cli = [sys.executable, "-m", "balanceroute.cli"]
+    subprocess.run([*cli, *AB_ARGS, "--out", str(HERE / "ab")], check=True, cwd=ROOT)
+    for name in ("report.md", "trajectories.png", "imbalance_distribution.png", "scaling.png"):
+        (HERE / "ab" / name).unlink(missing_ok=True)
+
+
 def main() -> None:
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", help=f"comma-separated parts to regenerate: {', '.join(PARTS)}")
+    args = ap.parse_args()
+    if args.only is not None:
+        parts = args.only.split(",")
+        unknown = sorted(set(parts) - set(PARTS))
+        if unknown:
+            raise SystemExit(f"unknown part(s) {unknown}; known: {', '.join(PARTS)}")
+        from balanceroute.features.synthetic import generate
+
+        if "models" in parts or "evaluate" in parts:
+            raise SystemExit("the saved models and their evaluation are release 0.1.0's: keep them")
+        if "service" in parts:
+            snap = snapshots(generate(TRACE[0], TRACE[1], seed=TRACE[2]))
+            answers = record_service(snap, ["balanceroute.serving"])
+            (HERE / "service.json").write_text(json.dumps(answers, indent=1) + "\n")
+        if "ab" in parts:
+            record_ab()
+        return
     sys.path.insert(0, str(ROOT))
     from balanceroute.features.synthetic import generate
     from balanceroute.predict.base import CompletedBatch, RunningBatch

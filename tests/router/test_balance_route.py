@@ -259,7 +259,7 @@ def test_auto_projection_replays_like_the_explicit_one():
     runs = {}
     for proj in ("auto", "expected", "cutoff"):
         est = SurvivalEstimator(horizon=16).fit(history)
-        pol = BRHPolicy(estimator=est, horizon=16, projection=proj)
+        pol = BRHPolicy(estimator=est, horizon=16, projection=proj, guard=False)
         res = simulate(rq, pol, SimConfig(workers=4, slots=8, record_loads=False))
         runs[proj] = (res.worker.tolist(), res.admit_iter.tolist())
         if proj == "auto":

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from balanceroute.features.limits import input_limits
 from balanceroute.serving.decode import CompletedColumns, fast_observe, fast_predict
 from balanceroute.serving.models import CompletionLog
 from balanceroute.serving.schemas import ObserveRequest, PredictRequest
@@ -37,7 +38,11 @@ def record(required: dict, optional: dict) -> st.SearchStrategy[dict]:
     return mostly(full, st.fixed_dictionaries({}, optional=fields))
 
 
-TOKENS = st.integers(min_value=0, max_value=2**31)
+_LIM = input_limits()
+_EDGES = [
+    v + d for v in (_LIM.max_prompt_tokens, _LIM.max_output_tokens) for d in (-1, 0, 1)
+]  # the input limits, where the fast path and the models must agree exactly
+TOKENS = st.one_of(st.integers(min_value=0, max_value=2**31), st.sampled_from(_EDGES))
 KEY = st.one_of(st.none(), st.integers(min_value=-1, max_value=2**64 - 1), st.text(max_size=5))
 ID = st.one_of(st.integers(min_value=-(2**63), max_value=2**64 - 1), st.text(max_size=5))
 RUNNING = record({"id": ID, "prompt_tokens": TOKENS, "age": TOKENS}, {"prompt_key": KEY})

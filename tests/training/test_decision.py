@@ -13,6 +13,9 @@ from balanceroute.features.synthetic import generate
 from balanceroute.predict.base import survival_from_remaining
 from balanceroute.predict.registry import make_estimator
 from balanceroute.router.balance_config import BRH_DEFAULTS, GAMMA_MAX, GAMMA_MIN
+from balanceroute.router.balance_route import BRHPolicy
+from balanceroute.router.policy import RunContext
+from balanceroute.router.state import RequestTable
 from balanceroute.training.decision import curve_scores, discount_weights, router_gamma
 from balanceroute.training.holdout import make_holdout
 from balanceroute.training.recommend import REFERENCE, recommend
@@ -23,9 +26,27 @@ H = 20
 
 def test_router_gamma_is_brh_auto_gamma_rule():
     out = np.array([100, 300, 500])
-    assert router_gamma(out) == pytest.approx(1 - BRH_DEFAULTS.auto_gamma / 300)
-    assert router_gamma(np.array([10])) == GAMMA_MIN
-    assert router_gamma(np.array([10**7])) == GAMMA_MAX
+    assert router_gamma(out, 32) == pytest.approx(1 - BRH_DEFAULTS.auto_gamma * 32 / 300)
+    assert router_gamma(out, 64) == pytest.approx(1 - BRH_DEFAULTS.auto_gamma * 64 / 300)
+    assert router_gamma(np.array([10]), 16) == GAMMA_MIN
+    assert router_gamma(np.array([10**7]), 64) == GAMMA_MAX
+
+
+@pytest.mark.parametrize("slots", [4, 32, 64])
+def test_router_gamma_is_what_brh_sets(slots):
+    # BR-H itself, fed these completions, settles on the discount evaluate scores with
+    rng = np.random.default_rng(slots)
+    out = rng.integers(20, 900, 400)
+    n = out.size
+    table = RequestTable(
+        prompt_tokens=np.full(n, 100, dtype=np.int64),
+        prompt_key=np.zeros(n, dtype=np.uint64),
+        trace_index=np.arange(n),
+    )
+    policy = BRHPolicy()
+    policy.reset(RunContext(8, slots, table))
+    policy.on_complete(np.arange(n), out, 1.0, int(out.max()))
+    assert policy.gamma == pytest.approx(router_gamma(out, slots), abs=0.002)
 
 
 def test_curve_scores_of_exact_and_of_no_knowledge():

@@ -63,3 +63,21 @@ def test_split_refusals():
     assert len(holdout.train) == holdout.first_test == 350
     test_arrivals = holdout.arrays.arrival_s[holdout.first_test :]
     assert holdout.train["arrival_s"].max() < test_arrivals.min()
+
+
+def test_the_evaluate_table_shows_every_scalar_metric() -> None:
+    """Generic over the metric keys: a metric added later shows up as a row, nested ones not."""
+    from balanceroute.training.evaluate import metrics_table
+
+    table = metrics_table(
+        {
+            "survival": {"brier": 0.1234567, "auc": 0.7, "by_age": {"0": {}}, "steps": 12000},
+            "gbdt": {"brier": 0.1, "auc": 0.8, "new_score": float("nan")},
+        }
+    )
+    lines = table.splitlines()
+    assert lines[0].split() == ["metric", "survival", "gbdt"]
+    rows = {line.split()[0]: line.split()[1:] for line in lines[2:]}
+    assert set(rows) == {"brier", "auc", "steps", "new_score"}
+    assert rows["brier"] == ["0.1235", "0.1"] and rows["steps"] == ["12,000"]
+    assert rows["new_score"] == ["n/a"]

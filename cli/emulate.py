@@ -1,0 +1,101 @@
+"""``balanceroute emulate``: a synchronized decode group behind G OpenAI-compatible endpoints."""
+
+from __future__ import annotations
+
+import argparse
+
+from balanceroute.cli.options import positive_float, positive_int
+from balanceroute.router.cost import COST_PRESETS, cost_preset
+from balanceroute.serving.emulator.config import (
+    DEFAULT_MODEL,
+    OUTPUT_KINDS,
+    EmulatorConfig,
+    OutputLengths,
+)
+from balanceroute.serving.emulator.iterlog import IterationLog
+from balanceroute.serving.emulator.runner import exec_emulator
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the ``emulate`` subcommand."""
+    p = sub.add_parser(
+        "emulate",
+        help="emulate a decode group behind one OpenAI-compatible port per rank",
+        description="Serve G ranks of B slots that decode in lockstep, each on its own port "
+        "(port-base + rank): POST /v1/completions and /v1/chat/completions (streaming or "
+        "not), GET /v1/models, /health and /metrics (vLLM metric names). Iteration k lasts "
+        "t_fixed + t_token * max_g L_g(k) (the cost preset) divided by the time scale. Stop "
+        "with Ctrl-C or SIGTERM; --log DIR then holds the iteration and request logs.",
+    )
+    p.add_argument(
+        "--ranks", type=positive_int, default=8, help="G: ranks, one port each (default 8)"
+    )
+    p.add_argument(
+        "--slots", type=positive_int, default=32, help="B: running requests per rank (32)"
+    )
+    p.add_argument(
+        "--cost", default="paper-dsv3", choices=sorted(COST_PRESETS), help="iteration cost model"
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    p.add_argument("--port-base", type=int, default=9000, help="port of rank 0 (9000)")
+    p.add_argument(
+        "--time-scale",
+        type=positive_float,
+        default=1.0,
+        help="run X times faster than the cost model (default 1: real time)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the output-length draws")
+    p.add_argument("--log", dest="log_dir", help="write the iteration and request logs here")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="served model name (%(default)s)")
+    p.add_argument(
+        "--max-model-len", type=positive_int, default=131_072, help="prompt + output limit (131072)"
+    )
+    p.add_argument(
+        "--kv-capacity",
+        type=int,
+        default=0,
+        help="KV tokens a rank holds at kv_cache_usage_perc = 1 (default slots * 16384)",
+    )
+    p.add_argument(
+        "--output-dist",
+        default="geometric",
+        choices=OUTPUT_KINDS,
+        help="output length when ignore_eos is false, capped by max_tokens (geometric)",
+    )
+    p.add_argument(
+        "--output-mean",
+        type=positive_float,
+        default=256.0,
+        help="its mean (lognormal: median), 256",
+    )
+    p.add_argument(
+        "--output-sigma", type=positive_float, default=1.0, help="lognormal log-spread (1.0)"
+    )
+    p.set_defaults(func=cmd_emulate)
+
+
+def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
+    """The emulator configuration the flags describe (bad values raise UserError)."""
+    return EmulatorConfig(
+        ranks=args.ranks,
+        slots=args.slots,
+        cost_name=args.cost,
+        cost=cost_preset(args.cost),
+        time_scale=args.time_scale,
+        seed=args.seed,
+        host=args.host,
+        port_base=args.port_base,
+        model=args.model,
+        max_model_len=args.max_model_len,
+        kv_capacity_tokens=args.kv_capacity,
+        output=OutputLengths(args.output_dist, args.output_mean, args.output_sigma),
+        log_dir=args.log_dir,
+    )
+
+
+def cmd_emulate(args: argparse.Namespace) -> int:
+    """Check the flags here (errors exit 2), then exec the lean emulator process."""
+    config = config_from_args(args)
+    IterationLog(config.log_dir, config.ranks)  # a used log folder is a one-line error here
+    exec_emulator(config)
+    return 0  # pragma: no cover - exec does not return

@@ -1,0 +1,96 @@
+"""Live prompts from trace rows, and back: the one definition the bench and the gateway share.
+
+A trace row has a prompt length and, optionally, a prompt key. :func:`build_prompt` turns it
+into a prompt of exactly ``n`` whitespace tokens whose first ``min(n, PROMPT_KEY_TOKENS)`` tokens
+are a deterministic function of the key (same key, same prefix; no key, one fixed filler
+prefix); :func:`build_prompt_ids` does the same with token ids. A proxy recovers the key of a
+live prompt with :func:`prompt_key_of`: its first ``PROMPT_KEY_TOKENS`` tokens joined by one
+space, so requests of one trace key share one live key.
+
+The emulator's tokenizer is :func:`count_tokens`: a text prompt counts its whitespace-separated
+words, a token-id list counts its ids. Real engines tokenize text differently (send ids to get
+exact prompt lengths there).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+PROMPT_KEY_TOKENS = 16
+
+# 64 short common words (6 bits a token): a key prefix of 16 words carries 96 bits of the key's
+# hash. The filler word is not among them, so a keyed prefix never equals the keyless one.
+KEY_WORDS: tuple[str, ...] = (
+    "time", "year", "people", "way", "day", "man", "thing", "woman",
+    "life", "child", "world", "school", "state", "family", "student", "group",
+    "country", "problem", "hand", "part", "place", "case", "week", "company",
+    "system", "program", "question", "work", "government", "number", "night", "point",
+    "home", "water", "room", "mother", "area", "money", "story", "fact",
+    "month", "lot", "right", "study", "book", "eye", "job", "word",
+    "business", "issue", "side", "kind", "head", "house", "service", "friend",
+    "father", "power", "hour", "game", "line", "end", "member", "law",
+)  # fmt: skip
+FILLER_WORD = "hello"
+# Token ids: key ids are drawn from [KEY_ID_BASE, KEY_ID_BASE + 4096), away from the special
+# tokens at the start of common vocabularies; the filler id is one ordinary token.
+KEY_ID_BASE = 1000
+FILLER_ID = 9707
+
+
+def _key_digest(key: str) -> bytes:
+    """32 stable bytes of a prompt key (identical across processes and machines)."""
+    return hashlib.blake2b(key.encode("utf-8"), digest_size=32).digest()
+
+
+def key_prefix_words(key: str | None) -> list[str]:
+    """The ``PROMPT_KEY_TOKENS`` words a prompt of this key starts with."""
+    if key is None:
+        return [FILLER_WORD] * PROMPT_KEY_TOKENS
+    digest = _key_digest(key)
+    return [KEY_WORDS[b & 63] for b in digest[:PROMPT_KEY_TOKENS]]
+
+
+def key_prefix_ids(key: str | None) -> list[int]:
+    """The ``PROMPT_KEY_TOKENS`` token ids a prompt of this key starts with."""
+    if key is None:
+        return [FILLER_ID] * PROMPT_KEY_TOKENS
+    digest = _key_digest(key)
+    return [
+        KEY_ID_BASE + (int.from_bytes(digest[2 * i : 2 * i + 2], "little") & 4095)
+        for i in range(PROMPT_KEY_TOKENS)
+    ]
+
+
+def _check_length(n_tokens: int) -> None:
+    if n_tokens < 1:
+        raise ValueError(f"a prompt needs at least one token, got {n_tokens}")
+
+
+def build_prompt(n_tokens: int, prompt_key: str | None = None) -> str:
+    """A text prompt of exactly ``n_tokens`` whitespace words, its prefix set by the key."""
+    _check_length(n_tokens)
+    head = key_prefix_words(prompt_key)[:n_tokens]
+    rest = n_tokens - len(head)
+    return " ".join(head) + (" " + FILLER_WORD) * rest
+
+
+def build_prompt_ids(n_tokens: int, prompt_key: str | None = None) -> list[int]:
+    """A token-id prompt of exactly ``n_tokens`` ids, its prefix set by the key."""
+    _check_length(n_tokens)
+    head = key_prefix_ids(prompt_key)[:n_tokens]
+    return head + [FILLER_ID] * (n_tokens - len(head))
+
+
+def prompt_key_of(prompt: str | Sequence[int]) -> str:
+    """The live prompt key: the first ``PROMPT_KEY_TOKENS`` tokens joined by one space."""
+    if isinstance(prompt, str):
+        return " ".join(prompt.split(None, PROMPT_KEY_TOKENS)[:PROMPT_KEY_TOKENS])
+    return " ".join(str(int(t)) for t in prompt[:PROMPT_KEY_TOKENS])
+
+
+def count_tokens(prompt: str | Sequence[int]) -> int:
+    """The emulator's tokenizer: whitespace words of a text, or the number of token ids."""
+    if isinstance(prompt, str):
+        return len(prompt.split())
+    return len(prompt)

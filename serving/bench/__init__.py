@@ -1,0 +1,1 @@
+"""The trace benchmark client: replay a trace against OpenAI-compatible endpoints."""

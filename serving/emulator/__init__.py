@@ -1,0 +1,1 @@
+"""The engine emulator: a synchronized decode group behind G OpenAI-compatible endpoints."""

@@ -1,0 +1,40 @@
+"""The shared live-prompt definition: exact lengths, key prefixes, and the inverse key."""
+
+from __future__ import annotations
+
+import pytest
+
+from balanceroute.features.prompts import (
+    FILLER_WORD,
+    PROMPT_KEY_TOKENS,
+    build_prompt,
+    build_prompt_ids,
+    count_tokens,
+    prompt_key_of,
+)
+
+
+@pytest.mark.parametrize("n", [1, 5, 16, 17, 3000])
+def test_prompts_have_exactly_n_tokens(n: int):
+    for key in (None, "tmpl-7"):
+        assert count_tokens(build_prompt(n, key)) == n
+        assert count_tokens(build_prompt_ids(n, key)) == n
+
+
+def test_same_key_same_prefix_and_the_inverse_recovers_it():
+    a, b = build_prompt(40, "tmpl-7"), build_prompt(900, "tmpl-7")
+    assert prompt_key_of(a) == prompt_key_of(b)
+    assert prompt_key_of(a) != prompt_key_of(build_prompt(40, "tmpl-8"))
+    assert prompt_key_of(a) == " ".join(a.split()[:PROMPT_KEY_TOKENS])
+    assert prompt_key_of(build_prompt(40)) == " ".join([FILLER_WORD] * PROMPT_KEY_TOKENS)
+    assert prompt_key_of(build_prompt(3, "k")) == build_prompt(3, "k")
+    ids = build_prompt_ids(40, "tmpl-7")
+    assert prompt_key_of(ids) == prompt_key_of(build_prompt_ids(20, "tmpl-7"))
+    assert prompt_key_of(ids) == " ".join(str(t) for t in ids[:PROMPT_KEY_TOKENS])
+    assert build_prompt_ids(16, "x") != build_prompt_ids(16, None)
+
+
+def test_prompt_needs_a_token():
+    with pytest.raises(ValueError):
+        build_prompt(0)
+    assert count_tokens("  a\tb\nc  ") == 3

@@ -34,7 +34,10 @@ SCORE_SIGNS: dict[str, int] = {
     "proj_error_margin": 1,
     "replay_ratio": 1,
 }
-RANKING_SCORE = "proj_error_margin"
+# docs/results.md, "Which score ranks estimators like the A/B": the replay ratio ranks best; it
+# needs a steady state in the replays, and where there is none the projection error decides
+RANKING_SCORES: tuple[str, ...] = ("replay_ratio", "proj_error_margin")
+RANKING_SCORE = RANKING_SCORES[0]
 MARGIN = 0.0  # relative improvement over ``none`` an estimator needs to be recommended
 
 
@@ -63,14 +66,21 @@ def _by(rec: Recommendation):
 
 def recommend(
     metrics: dict[str, dict[str, Any]],
-    score: str = RANKING_SCORE,
+    score: str | None = None,
     margin: float = MARGIN,
     deployable: set[str] | None = None,
 ) -> Recommendation:
-    """The best of ``metrics`` (which must hold ``none``) by ``score``; ``none`` unless the best
+    """The best of ``metrics`` (which must hold ``none``) by ``score`` (default: the first of
+    :data:`RANKING_SCORES` measured for ``none`` and some estimator); ``none`` unless the best
     estimator improves on it by more than ``margin`` (relative), or when the score could not be
     measured for ``none`` (NaN). Only ``deployable`` kinds (default: every kind given) are
     candidates; an estimator whose score is NaN is not."""
+    if score is None:
+        for name in RANKING_SCORES:
+            rec = recommend(metrics, name, margin, deployable)
+            if REFERENCE in rec.scores and len(rec.scores) > 1:
+                return rec
+        return rec
     if score not in SCORE_SIGNS:
         raise ValueError(f"unknown score '{score}'; known: {', '.join(SCORE_SIGNS)}")
     sign = SCORE_SIGNS[score]

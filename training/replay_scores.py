@@ -20,7 +20,9 @@ around that policy hands every completion to each estimator as BR-H would and, e
 
 Replay ratio (``replay_ratio``): the steady-state mean imbalance of ``brh`` with the estimator
 over that of the same replay without prediction: the A/B's own measure, on replays of the
-holdout's requests (a score of the estimator in the router, not of its accuracy).
+holdout's requests (a score of the estimator in the router, not of its accuracy). By default the
+router runs without its do-no-harm guard: on replays this short the guarded router stands aside
+for most estimators, and every ratio comes out 1 whatever the estimator is worth.
 
 Like the A/B harness, the requests are replayed in ``repeats`` evenly spaced windows of half of
 them each (one replay varies a lot from window to window): the states are sampled in every
@@ -67,6 +69,13 @@ class ReplayScoreConfig:
     )
     every: int = field(default=10, metadata={"help": "routing calls between sampled states"})
     max_states: int = field(default=300, metadata={"help": "sampled states at most"})
+    guard: bool = field(
+        default=False,
+        metadata={
+            "help": "replay ratio with BR-H's do-no-harm guard (off: the estimator's own value; "
+            "on: what the guarded default makes of it)"
+        },
+    )
 
     def __post_init__(self) -> None:
         checks = [
@@ -83,9 +92,11 @@ class ReplayScoreConfig:
 
     def spec(self, horizon: int) -> ReplaySpec:
         """The replay: ``brh`` looking ``horizon`` ahead, without prediction (the estimator
-        given to the replay replaces it), on this group, saturated or at ``load``."""
+        given to the replay replaces it; guarded only with ``guard``), on this group,
+        saturated or at ``load``."""
+        options = f"horizon={int(horizon)};guard={str(self.guard).lower()}"
         return ReplaySpec(
-            router=RouterSpec.parse(f"{STATE_ROUTER}{{horizon={int(horizon)}}}"),
+            router=RouterSpec.parse(f"{STATE_ROUTER}{{{options}}}"),
             workers=self.workers,
             slots=self.slots,
             prefill=PrefillConfig(saturate=self.load is None),

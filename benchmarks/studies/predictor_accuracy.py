@@ -35,7 +35,7 @@ from balanceroute.predict.base import RunningBatch
 from balanceroute.predict.registry import make_estimator
 from balanceroute.training.evaluate import evaluate_estimator, score_estimators
 from balanceroute.training.holdout import Holdout, make_holdout
-from balanceroute.training.recommend import RANKING_SCORE, recommend
+from balanceroute.training.recommend import recommend
 
 TRACES = {
     "azure": ("azure_llm_2023_conv.csv", "exact-length"),
@@ -141,7 +141,7 @@ def run(data: Path, horizon: int, with_variants: bool) -> dict:
         res["gamma"] = round(float(metrics["none"]["gamma"]), 4)
         deployable = {k for k in metrics if "[" not in k}
         rec = recommend(metrics, deployable=deployable)
-        res["recommendation"] = {"pick": rec.pick, "score": RANKING_SCORE}
+        res["recommendation"] = {"pick": rec.pick, "score": rec.score}
         if with_variants:
             res.update(older_variants(holdout, key, horizon, pristine["gbdt"]))
         results[name] = res

@@ -13,7 +13,7 @@ written as JSON). Per run (``rank``), the Spearman correlation over the deployab
 (``none`` included, the oracle not) between each score (oriented so that lower is better) and
 the A/B ratio; then per score its mean over runs, and how often the estimator it ranks first
 is the A/B's best or within 2% of it. Per shared trace, it also checks the recommendation that
-``evaluate`` prints (by :data:`balanceroute.training.recommend.RANKING_SCORE`) against the A/B's
+``evaluate`` prints (by :data:`balanceroute.training.recommend.RANKING_SCORES`) against the A/B's
 best over the trace's runs (geometric mean of the ratios). Prints JSON.
 
     .venv/bin/python benchmarks/studies/score_ranking.py scores mooncake --out runs/scores/mooncake.json
@@ -40,7 +40,7 @@ from balanceroute.predict.no_prediction import NoPrediction
 from balanceroute.training.decision import router_gamma
 from balanceroute.training.evaluate import evaluate_estimator
 from balanceroute.training.holdout import make_holdout
-from balanceroute.training.recommend import RANKING_SCORE, REFERENCE, SCORE_SIGNS, recommend
+from balanceroute.training.recommend import RANKING_SCORES, REFERENCE, SCORE_SIGNS, recommend
 from balanceroute.training.replay_scores import ReplayScoreConfig, replay_scores
 
 KINDS = ("survival", "exactmatch", "gbdt", "hazard")
@@ -190,7 +190,7 @@ def rank(root: Path, scores_dir: Path) -> dict[str, Any]:
         }
         for score, cs in per_score.items()
     }
-    result["ranking_score"] = RANKING_SCORE
+    result["ranking_scores"] = list(RANKING_SCORES)
     return result
 
 

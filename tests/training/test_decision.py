@@ -18,7 +18,7 @@ from balanceroute.router.policy import RunContext
 from balanceroute.router.state import RequestTable
 from balanceroute.training.decision import curve_scores, discount_weights, router_gamma
 from balanceroute.training.holdout import make_holdout
-from balanceroute.training.recommend import REFERENCE, recommend
+from balanceroute.training.recommend import RANKING_SCORES, REFERENCE, recommend
 from balanceroute.training.replay_scores import ReplayScoreConfig, replay_scores, state_errors
 
 H = 20
@@ -121,3 +121,25 @@ def test_recommendation_picks_the_best_beats_none_by_a_margin_and_skips_nan():
     with pytest.raises(ValueError, match="unknown score"):
         recommend(m, "charisma")
     assert recommend(m, "replay_ratio").line().startswith("recommendation: survival (by ")
+
+
+def test_replay_ratio_routes_unguarded_unless_asked():
+    # the guard would stand aside on short replays and make every ratio 1
+    assert ReplayScoreConfig().spec(20).router.options["guard"] is False
+    assert ReplayScoreConfig(guard=True).spec(20).router.options["guard"] is True
+
+
+def test_recommendation_by_default_falls_back_when_the_replay_ratio_is_unmeasured():
+    m = {
+        REFERENCE: {"replay_ratio": 1.0, "proj_error_margin": 0.030},
+        "survival": {"replay_ratio": 0.9, "proj_error_margin": 0.031},
+        "gbdt": {"replay_ratio": 1.1, "proj_error_margin": 0.020},
+    }
+    assert recommend(m).pick == "survival" and recommend(m).score == RANKING_SCORES[0]
+    for k in m:  # no steady state in the replays: no replay ratio for anyone
+        m[k]["replay_ratio"] = math.nan
+    rec = recommend(m)
+    assert (rec.pick, rec.score) == ("gbdt", "proj_error_margin")
+    for k in m:
+        m[k]["proj_error_margin"] = math.nan
+    assert recommend(m).pick == REFERENCE

@@ -5,10 +5,19 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from balanceroute.cli.options import add_workload_args, horizon_count, workload_from_args
+from balanceroute.cli.options import (
+    add_dataclass_args,
+    add_workload_args,
+    given_fields,
+    horizon_count,
+    workload_from_args,
+)
 from balanceroute.cli.train import add_key_arg, kinds
 from balanceroute.predict.model_store import DEFAULT_MODEL_NAME
 from balanceroute.training.evaluate import EvaluateConfig, metrics_table, run_evaluate
+from balanceroute.training.replay_scores import ReplayScoreConfig
+
+REPLAY_DEST = "replay_"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,12 +40,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="observe the training part first (for a model fitted on another trace)",
     )
     p.add_argument("--out", required=True, help="folder for metrics.json and plots")
+    group = p.add_argument_group("replay scores (brh on the holdout's requests)")
+    add_dataclass_args(group, ReplayScoreConfig, dest_prefix=REPLAY_DEST)
     p.set_defaults(func=cmd_evaluate)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    """Evaluate and print the metrics as a table (all of them are in metrics.json)."""
-    metrics = run_evaluate(
+    """Evaluate, print the metrics as a table (all of them are in metrics.json), then the
+    recommendation line."""
+    given = given_fields(args, ReplayScoreConfig, dest_prefix=REPLAY_DEST)
+    metrics, rec = run_evaluate(
         EvaluateConfig(
             workload=workload_from_args(args),
             out=Path(args.out),
@@ -46,8 +59,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             horizon=args.horizon,
             warmup=args.warmup,
             key=args.key,
+            replay=ReplayScoreConfig(**given),
         )
     )
     print(metrics_table(metrics))
     print(f"\nwrote {Path(args.out) / 'metrics.json'} (every metric, by age too) and plots")
+    print(rec.line())
     return 0

@@ -5,12 +5,18 @@
   pulled toward prior parameters;
 - :class:`OnlineRecalibrator` refits Platt's two parameters on a bounded window of recent
   (score, outcome) pairs, with a fixed sample of the training calibration slice as a prior, so a
-  served model follows drift in how often requests finish without retraining the boosters.
+  served model follows drift in how often requests finish without retraining the boosters;
+- :func:`recalibration_snapshots` draws the snapshots of just-finished requests that the
+  learned estimators score, before learning from them, to feed their recalibrators.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
+
+from balanceroute.predict.base import CompletedBatch
 
 
 def expected_calibration_error(
@@ -76,6 +82,7 @@ class OnlineRecalibrator:
 
     refit_every = 32  # class defaults keep recalibrators pickled before these existed working
     pending = 0
+    w: np.ndarray | None = None  # pair weights, once any pair came with one (else all 1)
 
     def __init__(
         self,
@@ -104,10 +111,10 @@ class OnlineRecalibrator:
     def __len__(self) -> int:
         return min(self.count, self.window)
 
-    def add(self, z: np.ndarray, y: np.ndarray) -> None:
-        """Record new (logit score, outcome) pairs; refit the two parameters once at least
-        ``refit_every`` pairs have come in since the last fit (a refit costs a few Newton steps
-        over the whole window, far more than recording a pair)."""
+    def add(self, z: np.ndarray, y: np.ndarray, w: np.ndarray | None = None) -> None:
+        """Record new (logit score, outcome) pairs, optionally weighted; refit the two
+        parameters once at least ``refit_every`` pairs have come in since the last fit (a refit
+        costs a few Newton steps over the whole window, far more than recording a pair)."""
         m = int(z.shape[0])
         if m == 0 or self.window == 0:
             return
@@ -115,6 +122,10 @@ class OnlineRecalibrator:
         k = min(m, self.window)
         slots = (self.count + m - k + np.arange(k)) % self.window
         self.z[slots], self.y[slots] = z[keep], y[keep]
+        if w is not None:
+            if self.w is None:
+                self.w = np.ones(self.window)
+            self.w[slots] = w[keep]
         self.count += m
         self.pending += m
         if self.pending < self.refit_every:
@@ -123,9 +134,38 @@ class OnlineRecalibrator:
         n = len(self)
         zz = np.concatenate([self.prior_z, self.z[:n]])
         yy = np.concatenate([self.prior_y, self.y[:n]])
-        ww = np.concatenate([self.prior_w, np.ones(n)])
+        ww = np.concatenate([self.prior_w, np.ones(n) if self.w is None else self.w[:n]])
         self.params = fit_platt(zz, yy, ww, start=self.params, steps=4)
 
     def __call__(self, z: np.ndarray) -> np.ndarray:
         a, b = self.params
         return sigmoid(a * z + b)
+
+
+@dataclass(frozen=True, slots=True)
+class RecalSnapshots:
+    """Snapshots of finished requests at random ages, with what happened to them."""
+
+    prompt_tokens: np.ndarray
+    age: np.ndarray
+    prompt_key: np.ndarray | None
+    remaining: np.ndarray  # output - age >= 1
+    now: float | None  # the latest finish time of the batch (None if unknown)
+
+
+def recalibration_snapshots(
+    done: CompletedBatch, rng: np.random.Generator, window: int, per_request: int
+) -> RecalSnapshots:
+    """``per_request`` uniform ages of each of the last finished requests that can still count
+    in a recalibration window of ``window`` pairs."""
+    cap = -(-window // per_request)  # completions that can still count
+    sel = np.arange(max(done.size - cap, 0), done.size)
+    out = np.asarray(done.output_tokens, dtype=np.int64)[sel]
+    rows = np.repeat(np.arange(sel.size), per_request)
+    age = np.floor(rng.random(rows.size) * out[rows]).astype(np.int64)
+    age = np.minimum(age, out[rows] - 1).clip(min=0)
+    keys = None if done.prompt_key is None else np.asarray(done.prompt_key)[sel][rows]
+    times = None if done.time_s is None else np.asarray(done.time_s, dtype=np.float64)
+    now = None if times is None or np.isnan(times).all() else float(np.nanmax(times))
+    prompts = np.asarray(done.prompt_tokens, dtype=np.int64)[sel][rows]
+    return RecalSnapshots(prompts, age, keys, out[rows] - age, now)

@@ -8,6 +8,9 @@ A classifier answers ``p = P(r <= H)``; BR-H's expected projection needs the who
 - :func:`shaped_curves`: like the window's own outputs above the request's age (the marginal's
   survival counts, or a key's blended with them), so the near-term departures BR-H scores are
   placed where the recent traffic says they fall.
+
+A discrete-time hazard model answers each bin's chance to finish instead; :func:`hazard_curves`
+turns those into curves (a constant per-iteration hazard within each bin).
 """
 
 from __future__ import annotations
@@ -58,4 +61,27 @@ def shaped_curves(surv, ages, horizon, key_surv, bw, s_a, mass, ok, p):
             else:
                 f = h / horizon
             out[i, h] = 1.0 - p[i] * clip01(f)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def hazard_curves(hazard, ends):
+    """Survival curves ``(n, H+1)``, ``H = ends[-1]``, from per-bin hazards ``(n, bins)``: bin
+    ``j`` covers ``ends[j-1] < h <= ends[j]`` (``ends[-1] = 0``) and ends a request alive at its
+    start with probability ``hazard[:, j]``, spread as a constant per-iteration hazard, so
+    ``P(r > h) = P(r > ends[j-1]) * (1 - hazard[:, j]) ** ((h - ends[j-1]) / width_j)``."""
+    n, bins = hazard.shape
+    out = np.ones((n, ends[bins - 1] + 1))
+    for i in range(n):
+        s = 1.0
+        lo = 0
+        for j in range(bins):
+            hi = ends[j]
+            keep = (1.0 - min(max(hazard[i, j], 0.0), 1.0)) ** (1.0 / (hi - lo))
+            step = s
+            for h in range(lo + 1, hi + 1):
+                step *= keep
+                out[i, h] = step
+            s = out[i, hi]
+            lo = hi
     return out

@@ -40,7 +40,6 @@ import numpy as np
 from balanceroute.features.blend import blend_terms
 from balanceroute.features.causal import (
     CausalConfig,
-    OnlineHistory,
     trace_snapshot_features,
     training_rows,
 )
@@ -49,8 +48,6 @@ from balanceroute.features.keys import AUTO_KEY, derive_keys, resolve_key_source
 from balanceroute.features.schema import to_arrays
 from balanceroute.predict.base import (
     CompletedBatch,
-    CompletionEstimator,
-    EstimatorParams,
     Prediction,
     RunningBatch,
 )
@@ -59,11 +56,13 @@ from balanceroute.predict.calibration import (
     expected_calibration_error,
     fit_platt,
     logit,
+    recalibration_snapshots,
     sigmoid,
 )
 from balanceroute.predict.curves import shaped_curves, within_horizon_curves
 from balanceroute.predict.empirical import marginal_terms
 from balanceroute.predict.forest import Forest
+from balanceroute.predict.learned import LearnedEstimator, LearnedParams
 
 if TYPE_CHECKING:
     import lightgbm as lgb
@@ -75,46 +74,16 @@ PRIOR_SAMPLE = 1024  # calibration-slice rows kept as the online recalibration's
 
 
 @dataclass(frozen=True, slots=True)
-class GBDTParams(EstimatorParams):
+class GBDTParams(LearnedParams):
     """The parameters of :class:`GBDTEstimator` (its constructor takes each by keyword)."""
 
-    n_estimators: int = field(default=150, metadata={"help": "classifier boosting rounds"})
-    learning_rate: float = field(default=0.1, metadata={"help": "classifier learning rate"})
-    num_leaves: int = field(default=8, metadata={"help": "classifier leaves per tree"})
-    max_depth: int = field(default=3, metadata={"help": "classifier tree depth"})
-    min_data_in_leaf: int = field(default=500, metadata={"help": "rows per leaf at least"})
-    lambda_l2: float = field(default=10.0, metadata={"help": "classifier L2 regularisation"})
-    feature_fraction: float = field(default=0.7, metadata={"help": "features tried per tree"})
     reg_estimators: int = field(default=40, metadata={"help": "regressor boosting rounds"})
     reg_learning_rate: float = field(default=0.12, metadata={"help": "regressor learning rate"})
     reg_num_leaves: int = field(default=15, metadata={"help": "regressor leaves per tree"})
     reg_max_depth: int = field(default=4, metadata={"help": "regressor tree depth"})
-    step: int = field(default=8, metadata={"help": "age grid of the training snapshots"})
-    per_request: int = field(default=32, metadata={"help": "training snapshots per request"})
     max_rows: int = field(default=1_000_000, metadata={"help": "training rows at most"})
     calibration: str = field(default="platt", metadata={"help": "isotonic | platt | none"})
-    calib_fraction: float = field(
-        default=0.1, metadata={"help": "latest share of requests held out to calibrate"}
-    )
-    refit_full: bool = field(
-        default=True, metadata={"help": "retrain the classifier on every row after calibrating"}
-    )
-    recalibrate: bool = field(default=True, metadata={"help": "online Platt recalibration"})
-    recal_window: int = field(default=2000, metadata={"help": "recalibration pairs kept"})
-    recal_ages: int = field(default=2, metadata={"help": "recalibration ages per completion"})
-    recal_prior: float = field(
-        default=0.25, metadata={"help": "weight of the calibration slice in recalibration"}
-    )
-    assumed_tpot_s: float = field(
-        default=0.06, metadata={"help": "seconds per decode step of the trace timing model"}
-    )
-    window: int = field(default=131_072, metadata={"help": "completions in the feature window"})
-    cond_windows: tuple[int, ...] = field(
-        default=(1024,), metadata={"help": "shorter windows of the stacked empirical features"}
-    )
-    num_threads: int = field(default=0, metadata={"help": "LightGBM training threads (0: all)"})
     curve: str = field(default="marginal", metadata={"help": "geometric | marginal | key"})
-    seed: int = field(default=0, metadata={"help": "seed of sampling and boosting"})
 
     def __post_init__(self) -> None:
         if self.curve not in CURVES:
@@ -125,13 +94,11 @@ class GBDTParams(EstimatorParams):
             )
 
 
-class GBDTEstimator(CompletionEstimator):
+class GBDTEstimator(LearnedEstimator):
     """Calibrated LightGBM classifier + regressor on causal history features."""
 
     name = "gbdt"
     Params = GBDTParams
-    provides_survival = True
-    projection = "expected"
 
     def upgrade_state(self, state: dict[str, Any]) -> dict[str, Any]:
         """Models saved before ``curve`` existed spread ``p`` as a geometric."""
@@ -147,22 +114,17 @@ class GBDTEstimator(CompletionEstimator):
             )
 
     def _booster_params(self, objective: str) -> dict[str, Any]:
-        classifier = objective == "binary"
-        return {
-            "objective": objective,
-            "learning_rate": self.learning_rate if classifier else self.reg_learning_rate,
-            "num_leaves": self.num_leaves if classifier else self.reg_num_leaves,
-            "max_depth": self.max_depth if classifier else self.reg_max_depth,
-            "min_data_in_leaf": self.min_data_in_leaf,
-            "lambda_l2": self.lambda_l2 if classifier else 0.0,
-            "feature_fraction": self.feature_fraction if classifier else 0.9,
-            "bagging_fraction": 0.8,
-            "bagging_freq": 1,
-            "num_threads": self.num_threads,
-            "seed": self.seed,
-            "deterministic": True,
-            "verbose": -1,
-        }
+        params = self.classifier_params()
+        if objective != "binary":
+            params.update(
+                objective=objective,
+                learning_rate=self.reg_learning_rate,
+                num_leaves=self.reg_num_leaves,
+                max_depth=self.reg_max_depth,
+                lambda_l2=0.0,
+                feature_fraction=0.9,
+            )
+        return params
 
     def fit(self, history: pd.DataFrame) -> Self:
         import lightgbm as lgb
@@ -214,14 +176,7 @@ class GBDTEstimator(CompletionEstimator):
         self.booster_text_ = (classifier.model_to_string(), regressor.model_to_string())
         self.feature_names_ = names
         self.n_rows_ = int(x.shape[0])
-        self.config_ = cfg
-        self.history_ = OnlineHistory(cfg)
-        finish = cfg.finish_times(arrays)
-        o = np.argsort(finish, kind="stable")
-        self.history_.observe(
-            arrays.prompt_tokens[o], arrays.output_tokens[o], arrays.prompt_key[o], finish[o]
-        )
-        self.rng_ = np.random.default_rng(self.seed)
+        self.start_history(arrays, cfg)
         self.fitted_ = True
         return self
 
@@ -271,38 +226,11 @@ class GBDTEstimator(CompletionEstimator):
             return sigmoid(a * logit(raw) + b)
         return raw
 
-    def observe(self, completions: CompletedBatch) -> None:
-        """Learn from finished requests (in finish order): recalibration pairs, then history.
-
-        Each finished request is first scored at ``recal_ages`` random ages with the history as it
-        stood before it finished (it is not in there yet), and the (score, finished-within-H)
-        pairs go to the online recalibrator; only then does the history take it in.
-        """
-        self.check_fitted()
-        if self.recalibrate and self.recal_ages > 0 and completions.size:
-            self._recalibrate(completions)
-        self.history_.observe(
-            completions.prompt_tokens,
-            completions.output_tokens,
-            completions.prompt_key,
-            completions.time_s,
-        )
-
     def _recalibrate(self, done: CompletedBatch) -> None:
-        cap = -(-self.recal_window // self.recal_ages)  # completions that can still count
-        sel = np.arange(max(done.size - cap, 0), done.size)
-        out = np.asarray(done.output_tokens, dtype=np.int64)[sel]
-        rows = np.repeat(np.arange(sel.size), self.recal_ages)
-        age = np.floor(self.rng_.random(rows.size) * out[rows]).astype(np.int64)
-        age = np.minimum(age, out[rows] - 1).clip(min=0)
-        keys = None if done.prompt_key is None else np.asarray(done.prompt_key)[sel][rows]
-        times = None if done.time_s is None else np.asarray(done.time_s, dtype=np.float64)
-        now = None if times is None or np.isnan(times).all() else float(np.nanmax(times))
-        x = self.history_.features(
-            now, np.asarray(done.prompt_tokens, dtype=np.int64)[sel][rows], age, keys
-        )
+        snap = recalibration_snapshots(done, self.rng_, self.recal_window, self.recal_ages)
+        x = self.history_.features(snap.now, snap.prompt_tokens, snap.age, snap.prompt_key)
         z = logit(sigmoid(self.forests_[0].raw(x)))
-        y = (out[rows] - age <= self.horizon).astype(np.float64)
+        y = (snap.remaining <= self.horizon).astype(np.float64)
         self.recalibrator_.add(z, y)
 
     def features(self, batch: RunningBatch) -> np.ndarray:

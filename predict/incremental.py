@@ -7,8 +7,9 @@ value beyond ``H`` (nothing is known there). For an estimator whose curve is the
 survival function, ``S(a + h) / S(a)`` (``survival``, ``exactmatch``'s shrink blend, the oracle,
 ``none``), that is the answer it would give itself, up to what it learned in between; where
 ``S_a(d) = 0`` the request has outlived its curve and is projected to survive, as the
-estimators answer a request older than all their evidence. ``gbdt``'s answer moves with its
-age and time features: its requests are predicted afresh every ``repredict`` iterations.
+estimators answer a request older than all their evidence. ``gbdt``'s and ``hazard``'s
+answers move with their age and time features (and ``hazard``'s bins with the present): their
+requests are predicted afresh every ``repredict`` iterations.
 
 :class:`CurveCache` holds one row per running request (bounded by the running requests; a
 row is freed when its request finishes) and :func:`conditioned_loads` turns the rows into

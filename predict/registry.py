@@ -8,6 +8,7 @@ from balanceroute.features.errors import UserError
 from balanceroute.predict.base import CompletionEstimator
 from balanceroute.predict.exactmatch import ExactMatchEstimator
 from balanceroute.predict.gbdt import GBDTEstimator
+from balanceroute.predict.hazard import HazardEstimator
 from balanceroute.predict.no_prediction import NoPrediction
 from balanceroute.predict.noisy_oracle import NoisyOracleEstimator
 from balanceroute.predict.oracle import OracleEstimator
@@ -22,6 +23,7 @@ ESTIMATORS: dict[str, type[CompletionEstimator]] = {
         SurvivalEstimator,
         ExactMatchEstimator,
         GBDTEstimator,
+        HazardEstimator,
     )
 }
 

@@ -22,6 +22,7 @@ from balanceroute.predict.factory import build_estimator
 from balanceroute.predict.remote import RemoteEstimator, preflight
 from balanceroute.router.cost import CostModel
 from balanceroute.router.metrics import summarize
+from balanceroute.router.policy import Policy
 from balanceroute.router.prefill import (
     PrefillConfig,
     ReleasedRequests,
@@ -133,13 +134,17 @@ def replay(
     released: ReleasedRequests | None = None,
     progress: bool = False,
     record_loads: bool = True,
+    wrap: Callable[[Policy], Policy] | None = None,
 ) -> tuple[SimResult, dict[str, Any]]:
-    """Replay ``frame`` under ``spec``; returns the raw result and its summary."""
+    """Replay ``frame`` under ``spec``; returns the raw result and its summary. ``wrap`` may
+    put the spec's policy inside another (one that watches the run, say)."""
     if released is None:
         released, scale = released_requests(frame, spec)
     else:
         scale = spec.prefill.rate_scale
     policy = spec.router.build_policy(estimator)
+    if wrap is not None:
+        policy = wrap(policy)
     config = SimConfig(
         workers=spec.workers,
         slots=spec.slots,

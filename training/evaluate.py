@@ -2,14 +2,19 @@
 
 :func:`run_evaluate` is ``balanceroute evaluate``: it loads saved or registered estimators,
 replays the holdout prequentially (each prediction sees only the completions before it) and
-writes ``metrics.json`` and the plots.
+writes ``metrics.json`` and the plots. Besides the accuracy of ``p_finish`` and ``c`` it scores
+what BR-H's decisions rest on (:mod:`balanceroute.training.decision`: the discounted integrated
+Brier score of the curves, Brier and AUC at a few horizons; :mod:`balanceroute.training.
+replay_scores`: the error of each worker's projected departures on replayed states, and the
+imbalance of the router with the estimator over the router without), and recommends the
+estimator to deploy, or ``none`` (:mod:`balanceroute.training.recommend`).
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +27,14 @@ from balanceroute.features.keys import AUTO_KEY
 from balanceroute.features.workload import WorkloadSpec, load_workload
 from balanceroute.predict.base import CompletionEstimator
 from balanceroute.predict.model_store import DEFAULT_MODEL_NAME, load_estimator
+from balanceroute.predict.no_prediction import NoPrediction
+from balanceroute.training.decision import curve_scores, router_gamma
 from balanceroute.training.holdout import Holdout, make_holdout, observe_training_part
 from balanceroute.training.metrics import reliability, score, score_by_age
 from balanceroute.training.plots import brier_by_age_plot, reliability_plot
 from balanceroute.training.prediction_replay import predictions_per_second, replay_predictions
+from balanceroute.training.recommend import REFERENCE, Recommendation, recommend
+from balanceroute.training.replay_scores import ReplayScoreConfig, replay_scores
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,10 +49,13 @@ class EvaluateConfig:
     horizon: int = 80
     warmup: bool = False
     key: str = AUTO_KEY
+    replay: ReplayScoreConfig = field(default_factory=ReplayScoreConfig)
 
 
-def run_evaluate(cfg: EvaluateConfig) -> dict[str, dict[str, Any]]:
-    """Load the models, replay the holdout, write ``out/metrics.json`` and plots."""
+def run_evaluate(cfg: EvaluateConfig) -> tuple[dict[str, dict[str, Any]], Recommendation]:
+    """Load the models, replay the holdout, write ``out/metrics.json``, the recommendation
+    (``out/recommendation.json``) and plots; returns the estimators' metrics and the
+    recommendation."""
     if not cfg.model_uri and not cfg.kinds:
         raise UserError("give --model-uri or --estimator")
     estimators: dict[str, CompletionEstimator] = {}
@@ -59,28 +71,60 @@ def run_evaluate(cfg: EvaluateConfig) -> dict[str, dict[str, Any]]:
     frame, source = load_workload(cfg.workload)
     progress(f"loaded {len(frame):,} requests ({source['kind']}, sha256 {source['sha256'][:12]})")
     holdout = make_holdout(frame, seed=cfg.workload.seed)
+    if cfg.warmup:
+        for est in estimators.values():
+            observe_training_part(est, holdout, CausalConfig())
+    metrics, curves = score_estimators(estimators, holdout, cfg.horizon, cfg.replay)
+    rec = recommend(metrics)
+    paths = write_report(cfg.out, metrics, curves, rec)
+    progress(f"wrote {paths['metrics']}")
+    return {kind: m for kind, m in metrics.items() if kind != REFERENCE}, rec
+
+
+def score_estimators(
+    estimators: dict[str, CompletionEstimator],
+    holdout: Holdout,
+    horizon: int,
+    replay: ReplayScoreConfig | None = None,
+) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, list[float]]]]:
+    """Every metric of each estimator and of the prediction-free reference ``none``: the
+    prequential scores, the decision-aware scores and the replay scores (measured first, on
+    copies, so no estimator has seen the holdout before the replays)."""
+    replay = replay or ReplayScoreConfig()
+    gamma = router_gamma(holdout.arrays.output_tokens[: holdout.first_test], replay.slots)
+    every = {**estimators, REFERENCE: NoPrediction(horizon=horizon).fit()}
+    progress(f"replaying the holdout under brh with each estimator (gamma {gamma:.3f})")
+    replayed = replay_scores(every, holdout.test, gamma, horizon, replay)
     metrics: dict[str, dict[str, Any]] = {}
     curves: dict[str, dict[str, list[float]]] = {}
-    for kind, est in estimators.items():
-        if cfg.warmup:
-            observe_training_part(est, holdout, CausalConfig())
+    for kind, est in every.items():
         progress(f"evaluating {kind} on {holdout.index.size:,} snapshots")
-        metrics[kind], curves[kind] = evaluate_estimator(est, holdout, cfg.horizon)
-        progress(f"{kind}: brier {metrics[kind]['brier']:.4f} auc {metrics[kind]['auc']:.4f}")
-    paths = write_report(cfg.out, metrics, curves)
-    progress(f"wrote {paths['metrics']}")
-    return metrics
+        metrics[kind], curves[kind] = evaluate_estimator(est, holdout, horizon, gamma)
+        metrics[kind].update(replayed[kind])
+        m = metrics[kind]
+        progress(
+            f"{kind}: brier {m['brier']:.4f} auc {m['auc']:.4f} "
+            f"ibs_discounted {m['ibs_discounted']:.4f} proj_error_margin "
+            f"{m['proj_error_margin']:.4f} replay_ratio {m['replay_ratio']:.3f}"
+        )
+    return metrics, curves
 
 
 def evaluate_estimator(
-    estimator: CompletionEstimator, holdout: Holdout, horizon: int
+    estimator: CompletionEstimator, holdout: Holdout, horizon: int, gamma: float | None = None
 ) -> tuple[dict[str, Any], dict[str, list[float]]]:
-    """Metrics (with ``by_age`` and ``predictions_per_s``) and reliability curve of one estimator."""
+    """Metrics (with ``by_age``, ``predictions_per_s`` and the curve scores at discount
+    ``gamma``, by default BR-H's for the training part at the default ``B``) and reliability
+    curve of one estimator."""
+    if gamma is None:
+        gamma = router_gamma(holdout.arrays.output_tokens[: holdout.first_test])
     res = replay_predictions(
-        estimator, holdout.arrays, holdout.first_test, holdout.index, holdout.age
+        estimator, holdout.arrays, holdout.first_test, holdout.index, holdout.age, survival=True
     )
     r = holdout.remaining
     metrics: dict[str, Any] = score(res.p_finish, res.c, r, horizon)
+    at_risk = holdout.arrays.output_tokens[holdout.index]  # time at risk of each snapshot
+    metrics.update(curve_scores(res.survival, r, gamma, horizon, at_risk))
     metrics["predictions_per_s"] = predictions_per_second(
         estimator, holdout.arrays, holdout.index, holdout.age
     )
@@ -94,12 +138,21 @@ def write_report(
     out_dir: Path,
     metrics: dict[str, dict[str, Any]],
     curves: dict[str, dict[str, list[float]]],
+    recommendation: Recommendation | None = None,
 ) -> dict[str, Path]:
-    """metrics.json and the two plots in ``out_dir``; returns their paths."""
+    """metrics.json (the estimators'; the reference ``none`` goes with the recommendation),
+    recommendation.json and the two plots in ``out_dir``; returns their paths."""
+    shown = {k: m for k, m in metrics.items() if k != REFERENCE}
     paths = {"metrics": out_dir / "metrics.json"}
-    write_text(paths["metrics"], json.dumps(metrics, indent=2, sort_keys=True) + "\n")
-    paths["reliability"] = reliability_plot(curves, out_dir / "reliability.png")
-    by_age = {k: m["by_age"] for k, m in metrics.items()}
+    write_text(paths["metrics"], json.dumps(shown, indent=2, sort_keys=True) + "\n")
+    if recommendation is not None:
+        paths["recommendation"] = out_dir / "recommendation.json"
+        body = json.dumps(recommendation.as_dict(), indent=2, sort_keys=True) + "\n"
+        write_text(paths["recommendation"], body)
+    paths["reliability"] = reliability_plot(
+        {k: c for k, c in curves.items() if k != REFERENCE}, out_dir / "reliability.png"
+    )
+    by_age = {k: m["by_age"] for k, m in shown.items()}
     paths["brier_by_age"] = brier_by_age_plot(by_age, out_dir / "brier_by_age.png")
     return paths
 

@@ -31,6 +31,7 @@ class Holdout:
     first_test: int
     index: np.ndarray
     age: np.ndarray
+    test: pd.DataFrame | None = None  # the later requests, arrival times as in the trace
 
     @property
     def remaining(self) -> np.ndarray:
@@ -59,7 +60,7 @@ def make_holdout(trace: pd.DataFrame, train_fraction: float = 0.7, seed: int = 0
         )
     arrays = to_arrays(pd.concat([train, test], ignore_index=True))
     index, age = holdout_snapshots(arrays.output_tokens, len(train), SNAPSHOTS_PER_REQUEST, seed)
-    return Holdout(train, arrays, len(train), index, age)
+    return Holdout(train, arrays, len(train), index, age, test)
 
 
 def observe_training_part(

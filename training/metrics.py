@@ -9,7 +9,7 @@ from sklearn.metrics import roc_auc_score
 
 from balanceroute.predict.calibration import expected_calibration_error
 
-__all__ = ["expected_calibration_error", "reliability", "score", "score_by_age"]
+__all__ = ["auc", "expected_calibration_error", "reliability", "score", "score_by_age"]
 
 AGE_BUCKETS: tuple[int, ...] = (0, 16, 64, 256, 1024)
 
@@ -26,10 +26,12 @@ def reliability(p: np.ndarray, y: np.ndarray, bins: int = 15) -> dict[str, list[
     }
 
 
-def _auc(p: np.ndarray, y: np.ndarray) -> float:
+def auc(p: np.ndarray, y: np.ndarray, weight: np.ndarray | None = None) -> float:
+    """ROC AUC of scores ``p`` for outcomes ``y``, optionally weighted (NaN when ``y`` has one
+    class only)."""
     if np.unique(y).size < 2:
         return float("nan")
-    return float(roc_auc_score(y, p))
+    return float(roc_auc_score(y, p, sample_weight=weight))
 
 
 def score(p: np.ndarray, c: np.ndarray, remaining: np.ndarray, horizon: int) -> dict[str, float]:
@@ -37,7 +39,7 @@ def score(p: np.ndarray, c: np.ndarray, remaining: np.ndarray, horizon: int) -> 
     y = (remaining <= horizon).astype(np.float64)
     pc = np.clip(p, 1e-6, 1 - 1e-6)
     return {
-        "auc": _auc(p, y),
+        "auc": auc(p, y),
         "brier": float(np.mean((p - y) ** 2)),
         "log_loss": float(-np.mean(y * np.log(pc) + (1 - y) * np.log(1 - pc))),
         "ece": expected_calibration_error(p, y),

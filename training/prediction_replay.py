@@ -4,7 +4,7 @@ The estimator was fitted on the training requests. Test snapshots are visited in
 each step the estimator ``observe()``-s every test request that finished strictly before it (in
 finish order, with the timing model of :class:`balanceroute.features.causal.CausalConfig`), so every prediction
 uses only what was knowable then. Snapshots with no completion between them share one ``predict``
-call; when there are more such groups than ``max_steps``, consecutive groups are merged and use the
+call (and, when curves are asked for, one more with ``survival=True``); when there are more such groups than ``max_steps``, consecutive groups are merged and use the
 state at the group's first snapshot (still causal, only a little stale).
 """
 
@@ -28,6 +28,7 @@ class ReplayResult:
     c: np.ndarray
     steps: int
     seconds: float
+    survival: np.ndarray | None = None  # (n, H+1) curves when asked for
 
 
 def _step_starts(n_done: np.ndarray, max_steps: int) -> np.ndarray:
@@ -46,8 +47,10 @@ def replay_predictions(
     age: np.ndarray,
     cfg: CausalConfig | None = None,
     max_steps: int = 4000,
+    survival: bool = False,
 ) -> ReplayResult:
-    """Predict snapshots ``(index, age)`` of ``trace`` while observing test completions in order."""
+    """Predict snapshots ``(index, age)`` of ``trace`` while observing test completions in order
+    (with ``survival``, also each snapshot's survival curve)."""
     cfg = cfg or CausalConfig()
     t0 = time.perf_counter()
     finish = cfg.finish_times(trace)
@@ -61,6 +64,7 @@ def replay_predictions(
     ends = np.r_[starts[1:], order.size]
     p = np.empty(order.size)
     c = np.empty(order.size)
+    curves = np.empty((order.size, estimator.horizon + 1)) if survival else None
     seen = 0
     for s, e in zip(starts, ends, strict=True):
         upto = int(n_done[s])
@@ -76,17 +80,18 @@ def replay_predictions(
             )
             seen = upto
         rows = order[s:e]
-        pred = estimator.predict(
-            RunningBatch(
-                prompt_tokens=trace.prompt_tokens[index[rows]],
-                age=age[rows],
-                prompt_key=trace.prompt_key[index[rows]],
-                request_index=index[rows],
-                time_s=float(t_snap[rows[0]]),
-            )
+        batch = RunningBatch(
+            prompt_tokens=trace.prompt_tokens[index[rows]],
+            age=age[rows],
+            prompt_key=trace.prompt_key[index[rows]],
+            request_index=index[rows],
+            time_s=float(t_snap[rows[0]]),
         )
+        pred = estimator.predict(batch)
         p[rows], c[rows] = pred.p_finish, pred.c
-    return ReplayResult(p, c, int(starts.size), time.perf_counter() - t0)
+        if curves is not None:  # a second call: the point answers stay those of a plain call
+            curves[rows] = estimator.predict(batch, survival=True).survival
+    return ReplayResult(p, c, int(starts.size), time.perf_counter() - t0, curves)
 
 
 def predictions_per_second(

@@ -9,9 +9,10 @@ The completion hook (projection upkeep when requests finish) is charged to the r
 Arms: ``brh`` is the recommended configuration (predictions refreshed every iteration),
 ``brh-refresh8`` the same refreshed every 8, ``brh-paper`` the paper's (every 80); all with
 the oracle estimator, whose prediction cost is a few array lookups. ``brh:none`` is the same
-router without prediction, and ``brh:survival``, ``brh:exactmatch``, ``brh:gbdt`` the learned
-estimators (trained on the first 30% of the trace, which is then not replayed), predictions
-every iteration; ``ratio_to_brh_none_median`` compares each with ``brh:none`` run by run.
+router without prediction, and ``brh:survival``, ``brh:exactmatch``, ``brh:gbdt``,
+``brh:hazard`` the learned estimators (trained on the first 30% of the trace, which is then not
+replayed), predictions every iteration; ``ratio_to_brh_none_median`` compares each with
+``brh:none`` run by run.
 
 Targets: (issue 3) at G=8, B=64, H=80, R_max=4 with a pool of 256, BR-H median <= 100 us,
 p99 <= 400 us and <= 1.5x count-JSQ's median; at G=128 median <= 2 ms. (issue 14) with any
@@ -53,8 +54,9 @@ ARMS = {
     "brh:survival": "brh:survival",
     "brh:exactmatch": "brh:exactmatch",
     "brh:gbdt": "brh:gbdt",
+    "brh:hazard": "brh:hazard",
 }
-LEARNED = ("brh:survival", "brh:exactmatch", "brh:gbdt")
+LEARNED = ("brh:survival", "brh:exactmatch", "brh:gbdt", "brh:hazard")
 
 
 def arm_spec(name: str) -> str:

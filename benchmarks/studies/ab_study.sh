@@ -11,7 +11,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 BR=.venv/bin/balanceroute
-ARMS="${AB_ARMS:-count-jsq,token-jsq,br0,brh-paper:oracle,brh:none,brh:survival,brh:exactmatch,brh:gbdt,brh:oracle}"
+ARMS="${AB_ARMS:-count-jsq,token-jsq,br0,brh-paper:oracle,brh:none,brh:survival,brh:exactmatch,brh:gbdt,brh:hazard,brh:oracle}"
 OUT="${AB_OUT:-runs/ab}"
 REPEATS="${AB_REPEATS:-5}"
 declare -A SOURCE=(

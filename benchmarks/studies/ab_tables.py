@@ -28,7 +28,7 @@ METRICS = (
     ("queue_delay_p99_s", "wait p99"),
     ("max_queue_delay_s", "wait max"),
 )
-LEARNED = ("survival", "exactmatch", "gbdt")
+LEARNED = ("survival", "exactmatch", "gbdt", "hazard")
 
 
 def repeats_at(summary: dict, arm: str) -> list[dict[str, Any]]:

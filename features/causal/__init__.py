@@ -21,19 +21,31 @@ same :class:`~balanceroute.features.windows.KeyedCounts` and
 
 Modules: ``config`` (what the features are, the timing model), ``columns`` (numpy definitions of
 the columns), ``offline``, ``online`` (with its compiled writers in ``kernels``), ``rows`` (which
-snapshots train the learned estimators).
+snapshots train the learned estimators, and the hazard model's person-period rows), ``periods``
+(the hazard model's per-bin features, offline and their numpy definition).
 """
 
 from balanceroute.features.causal.config import CausalConfig
 from balanceroute.features.causal.offline import snapshot_features, trace_snapshot_features
 from balanceroute.features.causal.online import KeyWindowTable, OnlineHistory
-from balanceroute.features.causal.rows import training_rows
+from balanceroute.features.causal.periods import (
+    hazard_bins,
+    period_design,
+    period_rows,
+    trace_period_features,
+)
+from balanceroute.features.causal.rows import person_period_rows, training_rows
 
 __all__ = [
     "CausalConfig",
     "KeyWindowTable",
     "OnlineHistory",
+    "hazard_bins",
+    "period_design",
+    "period_rows",
+    "person_period_rows",
     "snapshot_features",
+    "trace_period_features",
     "trace_snapshot_features",
     "training_rows",
 ]

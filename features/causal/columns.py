@@ -69,6 +69,16 @@ def completion_rate(n_in_window: np.ndarray, cfg: CausalConfig) -> np.ndarray:
     return n_in_window.astype(np.float64) / cfg.rate_window_s
 
 
+def conversation_columns(
+    prompt_tokens: np.ndarray, last_prompt: np.ndarray, last_output: np.ndarray
+) -> list[np.ndarray]:
+    """CONVERSATION_STATS from the key's last finished request (NaN without one): its prompt,
+    how much the context grew since (its output and the new message, in a conversation), and
+    that growth less its output (the new message's length)."""
+    growth = prompt_tokens.astype(np.float64) - last_prompt
+    return [last_prompt, growth, growth - last_output]
+
+
 def _cond(terms: Terms) -> list[np.ndarray]:
     """COND_STATS of one set of survival terms: outputs above the age, ``P(r <= H)``,
     ``E[min(r, H)]`` (NaN without evidence)."""

@@ -9,6 +9,7 @@ FINISHED strictly before the snapshot time, restricted to the most recent ``wind
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,6 +25,7 @@ GLOBAL_FEATURES: tuple[str, ...] = (
 KEY_STATS: tuple[str, ...] = ("count", "mean", "std", "last", "mean_minus_age", "last_minus_age")
 COND_STATS: tuple[str, ...] = ("cond_alive", "cond_p", "cond_c")
 EM_STATS: tuple[str, ...] = ("em_p", "em_c")
+CONVERSATION_STATS: tuple[str, ...] = ("prev_prompt", "prompt_growth", "new_tokens")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +44,9 @@ class CausalConfig:
     cond_windows: tuple[int, ...] = (1024,)  # shorter windows of the conditional features
     em_prior: float = 2.0  # pseudo-observations of the marginal in the shrunk key estimate
     feature_names: tuple[str, ...] = field(init=False)
+    # conversation features: of the key's last finished request (the previous turn when the
+    # key is a conversation's prefix), last so that configs pickled before it load
+    conversation: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.recent <= self.window:
@@ -58,7 +63,38 @@ class CausalConfig:
             names += [
                 f"{src}_w{w}_{st}" for src in self.key_sources for st in COND_STATS + EM_STATS
             ]
+        names += [f"{src}_{st}" for src in self.conversation_sources for st in CONVERSATION_STATS]
         object.__setattr__(self, "feature_names", tuple(names))
+
+    @property
+    def conversation_sources(self) -> tuple[str, ...]:
+        """Key sources with conversation features: none unless ``conversation``; never the
+        exact prompt length (its previous prompt is the prompt itself)."""
+        if not self.conversation:
+            return ()
+        return tuple(src for src in self.key_sources if src != "exact-length")
+
+    @property
+    def recent_features(self) -> tuple[str, ...]:
+        """Features of the latest few completions (EWMAs, the last ``recent`` outputs) or of the
+        clock (completion rate, seconds since a key's last completion): they follow drift where
+        snapshots and completions share the trace's timeline, and mislead where the completion
+        stream is not a fair sample of outputs (a saturated replay finishes its shortest
+        requests first). The shorter key and conditional windows are the config's to drop."""
+        names = [f"ewma_out_{h}" for h in self.ewma_halflives]
+        names += [*GLOBAL_FEATURES, *(f"{src}_since_last_s" for src in self.key_sources)]
+        return tuple(names)
+
+    @property
+    def period_feature_names(self) -> tuple[str, ...]:
+        """Names of the per-bin columns of the hazard model's person-period rows
+        (:func:`balanceroute.features.causal.periods.bin_hazard_columns`, window by window)."""
+        names = []
+        for w in self.cond_tables:
+            names.append(f"marginal_w{w}_bin_hazard")
+            for src in self.key_sources:
+                names += [f"{src}_w{w}_bin_hazard", f"{src}_w{w}_bin_alive"]
+        return tuple(names)
 
     @property
     def cond_tables(self) -> tuple[int, ...]:
@@ -85,3 +121,15 @@ class CausalConfig:
         """Time at which request ``index`` has generated ``age`` tokens."""
         start = self.decode_start(trace.arrival_s[index], trace.prompt_tokens[index])
         return start + age * self.assumed_tpot_s
+
+
+def _setstate(self: CausalConfig, state: list) -> None:
+    """Unpickle a config, giving fields added since it was saved their defaults."""
+    fields = dataclasses.fields(self)
+    for f, value in zip(fields, state, strict=False):
+        object.__setattr__(self, f.name, value)
+    for f in fields[len(state) :]:
+        object.__setattr__(self, f.name, f.default)
+
+
+CausalConfig.__setstate__ = _setstate  # the dataclass's own would leave such fields unset

@@ -8,6 +8,7 @@ from balanceroute.features.asof import asof_key_terms
 from balanceroute.features.causal.columns import (
     completion_rate,
     cond_columns,
+    conversation_columns,
     cumsum0,
     ewma_alpha,
     ewma_run,
@@ -66,14 +67,15 @@ def snapshot_features(
         for src in cfg.key_sources
     }
     q_keys = {src: derive_keys(src, prompt_tokens, prompt_key) for src in cfg.key_sources}
-    since = []
+    since, previous = [], {}
     for src in cfg.key_sources:
         wins = [w for s, w in cfg.key_tables if s == src]
-        blocks, last_fin = _offlinekey_stat_columns(
-            hist_keys[src], out, fin_sorted, q_keys[src], n_done, wins, age
+        blocks, last = _offlinekey_stat_columns(
+            hist_keys[src], out, inp, fin_sorted, q_keys[src], n_done, wins, age
         )
         cols += [c for block in blocks for c in block]
-        since.append(time_s - last_fin)
+        since.append(time_s - last[0])
+        previous[src] = last
     cols += since
     ones = np.ones(n_hist, dtype=np.uint64)
     q_ones = np.ones(age.shape[0], dtype=np.uint64)
@@ -85,29 +87,33 @@ def snapshot_features(
             for src in cfg.key_sources
         ]
         cols += cond_columns(marginal, keyed, cfg)
+    for src in cfg.conversation_sources:
+        _, last_prompt, last_out = previous[src]
+        cols += conversation_columns(prompt_tokens, last_prompt, last_out)
     return np.column_stack(cols)
 
 
 def _offlinekey_stat_columns(
     hist_keys: np.ndarray,
     out: np.ndarray,
+    inp: np.ndarray,
     fin: np.ndarray,
     q_keys: np.ndarray,
     n_done: np.ndarray,
     windows: list[int],
     age: np.ndarray,
-) -> tuple[list[np.ndarray], np.ndarray]:
+) -> tuple[list[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Per-key window sums, one block per window, by one composite sort: (key id, rank).
 
-    Also the finish time of the key's last completion in the first (whole) window, NaN if none.
+    Also the key's last completion in the first (whole) window: its finish time, prompt and
+    output (NaN if none).
     """
     valid = hist_keys != 0
     uniq = np.unique(hist_keys[valid])
     if uniq.size == 0:
         z = np.zeros(q_keys.shape[0], dtype=np.int64)
-        return [key_stat_columns(z, z, z, z, age) for _ in windows], np.full(
-            q_keys.shape[0], np.nan
-        )
+        none = np.full(q_keys.shape[0], np.nan)
+        return [key_stat_columns(z, z, z, z, age) for _ in windows], (none, none, none)
     stride = np.int64(out.shape[0] + 1)
     ranks = np.flatnonzero(valid).astype(np.int64)
     comp = np.searchsorted(uniq, hist_keys[valid]).astype(np.int64) * stride + ranks
@@ -115,14 +121,16 @@ def _offlinekey_stat_columns(
     comp = comp[srt]
     k_out = out[valid][srt]
     k_fin = fin[valid][srt]
+    k_inp = inp[valid][srt]
     cs1, cs2 = cumsum0(k_out), cumsum0(k_out * k_out)
 
     kid_q = np.minimum(np.searchsorted(uniq, q_keys), uniq.size - 1)
     found = (q_keys != 0) & (uniq[kid_q] == q_keys)
     base = kid_q.astype(np.int64) * stride
     hi = np.searchsorted(comp, base + n_done, side="left")
-    last_all = k_out[np.maximum(hi - 1, 0)]
-    last_fin = np.full(q_keys.shape[0], np.nan)
+    at = np.maximum(hi - 1, 0)
+    last_all = k_out[at]
+    last = (np.full(q_keys.shape[0], np.nan),) * 3
     blocks = []
     for j, w in enumerate(windows):
         lo = np.searchsorted(comp, base + np.maximum(n_done - w, 0), side="left")
@@ -131,8 +139,9 @@ def _offlinekey_stat_columns(
         s2 = np.where(found, cs2[hi] - cs2[lo], 0)
         blocks.append(key_stat_columns(cnt, s1, s2, np.where(cnt > 0, last_all, 0), age))
         if j == 0:
-            last_fin = np.where(cnt > 0, k_fin[np.maximum(hi - 1, 0)], np.nan)
-    return blocks, last_fin
+            has = cnt > 0
+            last = tuple(np.where(has, col[at], np.nan) for col in (k_fin, k_inp, k_out))
+    return blocks, last
 
 
 def trace_snapshot_features(

@@ -7,6 +7,7 @@ import numpy as np
 
 from balanceroute.features.causal.columns import (
     completion_rate,
+    conversation_columns,
     ewma_alpha,
     ewma_run,
     global_stat_columns,
@@ -17,6 +18,7 @@ from balanceroute.features.causal.kernels import (
     keyed_columns,
     marginal_columns,
 )
+from balanceroute.features.causal.periods import bin_hazard_columns, bin_offsets, stack_periods
 from balanceroute.features.keys import derive_keys
 from balanceroute.features.windows import (
     OUT_MASK,
@@ -27,6 +29,8 @@ from balanceroute.features.windows import (
     ring_latest,
     ring_leaving,
 )
+
+PER_KEY = ("count", "s1", "s2", "last", "last_time", "last_prompt")
 
 
 class KeyWindowTable:
@@ -39,14 +43,28 @@ class KeyWindowTable:
         self.s2 = np.zeros(0, dtype=np.int64)
         self.last = np.zeros(0, dtype=np.int64)
         self.last_time = np.zeros(0, dtype=np.float64)
+        self.last_prompt = np.zeros(0, dtype=np.int64)
+
+    def __setstate__(self, state: dict) -> None:
+        """Tables pickled before ``last_prompt`` existed get zeros (nothing reads them)."""
+        state.setdefault("last_prompt", np.zeros(state["keys"].size, dtype=np.int64))
+        self.__dict__.update(state)
 
     def __len__(self) -> int:
         return int(self.keys.size)
 
-    def add(self, keys: np.ndarray, out: np.ndarray, times: np.ndarray) -> None:
-        """Add completions (in finish order) with their finish times; key 0 (none) is skipped."""
+    def add(
+        self,
+        keys: np.ndarray,
+        out: np.ndarray,
+        times: np.ndarray,
+        prompts: np.ndarray | None = None,
+    ) -> None:
+        """Add completions (in finish order) with their finish times and prompt sizes; key 0
+        (none) is skipped."""
         m = keys != 0
-        keys, out, times = keys[m], out[m], times[m]
+        prompts = np.zeros(keys.size, dtype=np.int64) if prompts is None else prompts
+        keys, out, times, prompts = keys[m], out[m], times[m], prompts[m]
         if keys.size == 0:
             return
         uniq, first_rev = np.unique(keys[::-1], return_index=True)
@@ -58,7 +76,7 @@ class KeyWindowTable:
         if not known.all():  # new keys: insert them (zero sums) in sorted place, O(table)
             where = at[~known]
             self.keys = np.insert(self.keys, where, uniq[~known])
-            for name in ("count", "s1", "s2", "last", "last_time"):
+            for name in PER_KEY:
                 old = getattr(self, name)
                 setattr(self, name, np.insert(old, where, old.dtype.type(0)))
         pos = np.searchsorted(self.keys, keys)
@@ -68,6 +86,16 @@ class KeyWindowTable:
         at = np.searchsorted(self.keys, uniq)
         self.last[at] = out[last_idx]
         self.last_time[at] = times[last_idx]
+        self.last_prompt[at] = prompts[last_idx]
+
+    def last_of(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Prompt and output of each key's last completion (NaN for key 0 or an unseen key)."""
+        nan = np.full(keys.size, np.nan)
+        if self.keys.size == 0:
+            return nan, nan
+        at = np.minimum(np.searchsorted(self.keys, keys), self.keys.size - 1)
+        has = (keys != 0) & (self.keys[at] == keys)
+        return np.where(has, self.last_prompt[at], nan), np.where(has, self.last[at], nan)
 
     def remove(self, keys: np.ndarray, out: np.ndarray) -> None:
         """Remove completions that left the window; keys with no completion left are dropped."""
@@ -81,7 +109,7 @@ class KeyWindowTable:
         np.subtract.at(self.s2, pos, out * out)
         keep = self.count > 0
         if not keep.all():
-            for name in ("keys", "count", "s1", "s2", "last", "last_time"):
+            for name in ("keys", *PER_KEY):
                 setattr(self, name, getattr(self, name)[keep])
 
 
@@ -129,7 +157,7 @@ class OnlineHistory:
             gone = ring_leaving(self.total, m, win, w)
             table.remove(self.keys[src][gone], self.out[gone])
             entering = ring_append(self.total, m, win)[0]
-            table.add(new_keys[src][entering], out[entering], times[entering])
+            table.add(new_keys[src][entering], out[entering], times[entering], inp[entering])
         for win in self.cfg.cond_tables:
             gone = ring_leaving(self.total, m, win, w)
             entering = ring_append(self.total, m, win)[0]
@@ -239,4 +267,34 @@ class OnlineHistory:
                     col,
                 )
                 col += len(COND_STATS) + len(EM_STATS)
+        for src in cfg.conversation_sources:
+            last_prompt, last_out = self.tables[(src, cfg.window)].last_of(queries[src])
+            for c in conversation_columns(np.asarray(prompt_tokens), last_prompt, last_out):
+                x[:, col] = c
+                col += 1
         return x
+
+    def period_features(
+        self,
+        prompt_tokens: np.ndarray,
+        age: np.ndarray,
+        prompt_key: np.ndarray | None,
+        ends: np.ndarray,
+    ) -> np.ndarray:
+        """Period features ``(n, bins, P)`` of the hazard model's bins from the observed
+        completions (what :func:`balanceroute.features.causal.periods.trace_period_features`
+        builds offline)."""
+        cfg = self.cfg
+        a = np.asarray(age, dtype=np.int64)
+        offsets = bin_offsets(ends)
+        cols: list[np.ndarray] = []
+        for win in cfg.cond_tables:
+            mc = self.marginal[win]
+            marginal = (np.full(a.size, float(mc.n)), mc.surv(a[:, None] + offsets[None, :]))
+            keyed = []
+            for src in cfg.key_sources:
+                keys = derive_keys(src, prompt_tokens, prompt_key)
+                surv = self.keyed[(src, win)].surv_matrix(keys, a, int(offsets[-1]))
+                keyed.append((None, surv[:, offsets]))
+            cols += bin_hazard_columns(marginal, keyed, cfg.em_prior)
+        return stack_periods(cols)

@@ -12,6 +12,7 @@ def training_rows(
     per_request: int = 32,
     max_rows: int = 1_000_000,
     seed: int = 0,
+    at_risk: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(request index, age, weight) training snapshots: ages on the grid ``0, step, 2*step, ...``.
 
@@ -34,4 +35,38 @@ def training_rows(
     g = np.repeat(grid, k)
     kk = np.repeat(k, k)
     age = step * np.floor((j + rng.random(rows_req.size)) * g / kk).astype(np.int64)
-    return rows_req, np.minimum(age, out[rows_req] - 1), 1.0 / kk
+    weight = g / kk if at_risk else 1.0 / kk
+    if at_risk:
+        weight = weight / weight.mean()
+    return rows_req, np.minimum(age, out[rows_req] - 1), weight
+
+
+def person_period_rows(
+    remaining: np.ndarray,
+    ends: np.ndarray,
+    *,
+    survivor_fraction: float = 1.0,
+    seed: int = 0,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(snapshot, bin, event, weight) person-period rows of snapshots with remaining lengths
+    ``r``: one row per bin the snapshot is at risk in, ``event = 1`` in the bin where it ends
+    (``ends[j-1] < r <= ends[j]``), and no rows after it; a snapshot outliving the last bin
+    survives every bin (censored at ``H``).
+
+    ``survivor_fraction < 1`` keeps each non-event row with that probability and weight
+    ``1 / survivor_fraction`` (event rows are always kept, with weight 1), which thins the rows
+    of long requests without biasing the hazard's likelihood in expectation.
+    """
+    r = np.asarray(remaining, dtype=np.int64)
+    ends = np.asarray(ends, dtype=np.int64)
+    event_bin = np.searchsorted(ends, r, side="left")  # == ends.size when r > H
+    at_risk = np.minimum(event_bin + 1, ends.size)
+    snap = np.repeat(np.arange(r.size), at_risk)
+    j = np.arange(snap.size) - np.repeat(np.cumsum(at_risk) - at_risk, at_risk)
+    event = j == event_bin[snap]
+    weight = np.ones(snap.size)
+    if survivor_fraction < 1.0:
+        keep = event | (np.random.default_rng(seed).random(snap.size) < survivor_fraction)
+        snap, j, event = snap[keep], j[keep], event[keep]
+        weight = np.where(event, 1.0, 1.0 / survivor_fraction)
+    return snap, j, event.astype(np.float64), weight

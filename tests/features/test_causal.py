@@ -8,6 +8,9 @@ import pytest
 from balanceroute.features.causal import (
     CausalConfig,
     OnlineHistory,
+    hazard_bins,
+    person_period_rows,
+    trace_period_features,
     trace_snapshot_features,
     training_rows,
 )
@@ -21,6 +24,7 @@ CFG = CausalConfig(
     ewma_halflives=(4, 64),
     cond_windows=(50,),
     horizon=16,
+    conversation=True,
 )
 
 
@@ -45,13 +49,21 @@ def _snapshots(arrays: TraceArrays, n: int, seed: int = 0):
     return idx, age
 
 
+ENDS = hazard_bins(CFG.horizon, 6)
+
+
 def test_online_state_matches_offline_builder(arrays):
-    """Observing completions in time order (in uneven batches) gives the offline features."""
+    """Observing completions in time order (in uneven batches) gives the offline features: the
+    snapshot features and the hazard model's per-bin period features."""
     idx, age = _snapshots(arrays, 150)
     offline = trace_snapshot_features(arrays, idx, age, CFG)
+    periods = trace_period_features(arrays, idx, age, CFG, ENDS)
+    assert periods.shape == (idx.size, ENDS.size, len(CFG.period_feature_names))
+    assert np.isfinite(periods).any(axis=(0, 1)).all()
     # the stacked empirical answers and the time since a key's last completion are covered
     names = list(CFG.feature_names)
-    for name in ("marginal_w50_cond_p", "hash_w300_em_p", "hash_w300_cond_p", "hash_since_last_s"):
+    covered = ("marginal_w50_cond_p", "hash_w300_em_p", "hash_w300_cond_p", "hash_since_last_s")
+    for name in (*covered, "hash_prev_prompt", "hash_prompt_growth", "hash_new_tokens"):
         assert np.isfinite(offline[:, names.index(name)]).any(), name
     t = CFG.snapshot_times(arrays, idx, age)
     finish = CFG.finish_times(arrays)
@@ -72,10 +84,11 @@ def test_online_state_matches_offline_builder(arrays):
                 finish[sel],
             )
             seen += m
-        row = hist.features(
-            float(t[q]), arrays.prompt_tokens[idx[[q]]], age[[q]], arrays.prompt_key[idx[[q]]]
-        )[0]
+        prompt, key = arrays.prompt_tokens[idx[[q]]], arrays.prompt_key[idx[[q]]]
+        row = hist.features(float(t[q]), prompt, age[[q]], key)[0]
         np.testing.assert_allclose(row, offline[q], rtol=1e-9, atol=1e-9, equal_nan=True)
+        per = hist.period_features(prompt, age[[q]], key, ENDS)[0]
+        np.testing.assert_allclose(per, periods[q], rtol=1e-12, atol=0, equal_nan=True)
 
 
 def test_no_leakage_from_a_future_request(arrays):
@@ -126,3 +139,24 @@ def test_training_rows_grid_cap_and_weights():
     big = np.full(100_000, 1000)
     req, age, w = training_rows(big, step=8, per_request=32, max_rows=50_000, seed=0)
     assert req.size <= 50_000 and np.unique(req).size > 1000
+
+
+def test_person_period_rows_cover_each_bin_at_risk():
+    """One row per bin a snapshot is at risk in, the event in the bin holding ``r``, none after;
+    thinning keeps every event and reweights the rest."""
+    ends = np.array([1, 2, 4, 8])
+    r = np.array([1, 2, 3, 8, 9, 100])
+    snap, j, event, w = person_period_rows(r, ends)
+    assert np.bincount(snap).tolist() == [1, 2, 3, 4, 4, 4]
+    assert event.tolist() == [1, 0, 1, 0, 0, 1, 0, 0, 0, 1] + [0] * 8
+    assert (w == 1).all()
+    lo = np.r_[0, ends][j]
+    hit = event == 1
+    assert ((r[snap][hit] > lo[hit]) & (r[snap][hit] <= ends[j][hit])).all()
+    assert (r[snap][~hit] > ends[j][~hit]).all()
+    big = np.random.default_rng(0).integers(1, 200, 20_000)
+    full = person_period_rows(big, ends)
+    thin = person_period_rows(big, ends, survivor_fraction=0.25, seed=1)
+    assert thin[2].sum() == full[2].sum()  # every event kept
+    assert thin[0].size < 0.5 * full[0].size
+    np.testing.assert_allclose((thin[3] * (1 - thin[2])).sum(), (1 - full[2]).sum(), rtol=0.02)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy.signal import lfilter
 
-from balanceroute.features.asof import asof_key_terms
+from balanceroute.features.asof import asof_key_survival, asof_key_terms
 from balanceroute.features.blend import blend_terms, conditional_answers, conditional_curves
 from balanceroute.features.causal import CausalConfig, OnlineHistory
 from balanceroute.features.causal.columns import (
@@ -54,6 +54,26 @@ def test_asof_key_terms_match_the_online_counts_at_every_point():
         online = keyed.query(q_keys[[j]], ages[[j]], horizon)
         for got, want in zip(offline, online, strict=True):
             assert got[j] == want[0]
+
+
+def test_asof_key_survival_matches_the_online_counts_at_every_point():
+    """The as-of survival counts at offsets are what ``KeyedCounts.surv_matrix`` gives at those
+    columns then, and the key counts what ``query`` counts."""
+    rng = np.random.default_rng(4)
+    n, window = 700, 200
+    keys = rng.integers(0, 25, n).astype(np.uint64)
+    out = rng.integers(1, 90, n)
+    q = 200
+    done = rng.integers(0, n + 1, q)
+    q_keys = rng.integers(0, 28, q).astype(np.uint64)
+    ages = rng.integers(0, 100, q)
+    offsets = np.array([0, 1, 2, 5, 9, 20])
+    n_off, s_off = asof_key_survival(keys, out, q_keys, done, ages, offsets, window)
+    for j in range(0, q, 4):
+        keyed = _replayed_counts(keys, out, int(done[j]), window)
+        assert n_off[j] == keyed.query(q_keys[[j]], ages[[j]], 1)[0][0]
+        matrix = keyed.surv_matrix(q_keys[[j]], ages[[j]], int(offsets[-1]))
+        np.testing.assert_array_equal(s_off[j], matrix[0, offsets])
 
 
 def test_ring_positions_follow_the_logical_order():

@@ -8,7 +8,10 @@ import pytest
 from balanceroute.features.synthetic import generate
 
 HORIZON = 16
-FAST_PARAMS = {"gbdt": {"n_estimators": 15, "min_data_in_leaf": 20, "num_threads": 1}}
+FAST_PARAMS = {
+    "gbdt": {"n_estimators": 15, "min_data_in_leaf": 20, "num_threads": 1},
+    "hazard": {"n_estimators": 15, "min_data_in_leaf": 20, "num_threads": 1, "bins": 6},
+}
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from balanceroute.features.windows import MarginalCounts
-from balanceroute.predict.curves import shaped_curves, within_horizon_curves
+from balanceroute.predict.curves import hazard_curves, shaped_curves, within_horizon_curves
 from balanceroute.predict.projection import request_paths
 
 
@@ -49,3 +49,23 @@ def test_request_paths_kernel_equals_its_definition():
     before = np.cumsum(gone, axis=1) - gone
     want = surv * (w[:, None] + t) + 700.0 * gone + before
     np.testing.assert_allclose(request_paths(w, surv, 700.0), want, rtol=1e-12)
+
+
+def test_hazard_curves_kernel_equals_its_definition():
+    """``S(h) = S(e_{j-1}) (1 - q_j) ** ((h - e_{j-1}) / w_j)`` in bin ``j``, so each bin's end
+    keeps ``1 - q_j`` of those alive at its start."""
+    rng = np.random.default_rng(3)
+    ends = np.array([1, 2, 3, 5, 8, 13, 20])
+    hz = rng.random((60, ends.size))
+    hz[0] = 0.0
+    hz[1, 2] = 1.0
+    got = hazard_curves(hz, ends)
+    want = np.ones((60, ends[-1] + 1))
+    lo, s = 0, np.ones(60)
+    for j, hi in enumerate(ends):
+        h = np.arange(lo + 1, hi + 1)
+        want[:, lo + 1 : hi + 1] = s[:, None] * (1 - hz[:, [j]]) ** ((h - lo) / (hi - lo))
+        s, lo = want[:, hi], hi
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(got[:, ends[2]] / got[:, ends[1]], 1 - hz[:, 2], rtol=1e-12)
+    assert (got[0] == 1).all() and (got[1, 3:] == 0).all()

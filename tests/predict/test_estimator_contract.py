@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from balanceroute.features.limits import input_limits
 from balanceroute.features.schema import to_arrays
 from balanceroute.predict.base import NotFittedError, RunningBatch, from_survival
 from balanceroute.predict.model_store import load_file, save_estimator
@@ -98,3 +99,25 @@ def test_fit_returns_self_and_empty_batch(name, small_trace):
     )
     pred = est.predict(empty)
     assert pred.p_finish.shape == (0,)
+
+
+def test_sizes_at_the_input_limits_give_valid_curves(fitted, small_trace):
+    """The largest accepted prompt and age (features/limits.py) stay inside the estimators'
+    bounded tables (keyed composites, histograms): valid curves, no overflow."""
+    _, est = fitted
+    lim = input_limits()
+    batch = _batch(small_trace, n=4, seed=2)
+    batch = RunningBatch(
+        prompt_tokens=np.array([1, lim.max_prompt_tokens, 1, lim.max_prompt_tokens]),
+        age=np.array([0, 0, lim.max_output_tokens - 1, lim.max_output_tokens - 1]),
+        prompt_key=batch.prompt_key,
+        request_index=batch.request_index,
+        time_s=batch.time_s,
+    )
+    pred = est.predict(batch, survival=est.provides_survival)
+    assert np.all(np.isfinite(pred.p_finish)) and np.all(
+        (pred.p_finish >= 0) & (pred.p_finish <= 1)
+    )
+    assert np.all((pred.c >= 1) & (pred.c <= HORIZON))
+    if est.provides_survival:
+        assert np.all(np.diff(pred.survival, axis=1) <= 1e-12)

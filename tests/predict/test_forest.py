@@ -56,3 +56,25 @@ def test_forest_reproduces_lightgbm_raw_scores(params):
         np.testing.assert_array_equal(heap.raw(probe), want)
     generic = replace(forest, heap_leaf=None, leaf_mask=None)  # the node-walk kernel
     np.testing.assert_array_equal(generic.raw(probe), want)
+
+
+@pytest.mark.parametrize("group", [1, 7, 12])
+@pytest.mark.parametrize("depth", [3, 6, 7])
+def test_grouped_scorer_equals_the_rows_written_out(group, depth):
+    """Rows in groups sharing their first features score as the full rows do, bit for bit
+    (shared splits tested once per group; deep forests fall back to the full rows)."""
+    x, y = _data(4000, seed=2)
+    booster = lgb.train(
+        {"objective": "binary", "num_leaves": 2**depth, "max_depth": depth, "verbose": -1},
+        lgb.Dataset(x, y, params={"min_data_in_leaf": 20, "num_threads": 1}),
+        num_boost_round=30,
+    )
+    forest = Forest.from_booster(booster)
+    probe, _ = _data(12 * 701, seed=3)
+    n = 701
+    shared = probe[:n, :4]
+    own = probe[: n * group, 4:]
+    full = np.concatenate([np.repeat(shared, group, axis=0), own], axis=1)
+    want = booster.predict(full, raw_score=True)
+    np.testing.assert_array_equal(forest.raw_grouped(shared, own), want)
+    np.testing.assert_array_equal(forest.raw(full), want)

@@ -8,10 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from balanceroute.features.schema import to_arrays
 from balanceroute.predict.base import RunningBatch
 from balanceroute.predict.incremental import CurveCache, conditioned_loads
 from balanceroute.predict.projection import request_paths
 from balanceroute.predict.survival import SurvivalEstimator
+from balanceroute.router.balance_config import BRH_DEFAULTS
 from tests.router.helpers import frame
 
 
@@ -95,7 +97,69 @@ def test_cache_rows_are_reused_and_bounded():
     assert cache.known.shape[0] == 3  # no growth while freed rows remain
 
 
-@pytest.mark.parametrize("kind", ["survival", "exactmatch", "gbdt"])
+@pytest.mark.parametrize("d", [0, 1, 4, 8, BRH_DEFAULTS.repredict - 1])
+def test_hazard_curves_advanced_by_age_track_its_repredictions(hazard_40, d):
+    """hazard's curve depends on the age through its features and bins, so an advanced curve is
+    an approximation, which BR-H keeps for fewer than ``repredict`` iterations: over that span
+    it stays close to what hazard answers afresh (exactly equal at d = 0), in the discounted
+    mean over the offsets both curves know."""
+    est, batch, h = hazard_40
+    at_a = est.predict(batch, survival=True).survival
+    later = RunningBatch(batch.prompt_tokens, batch.age + d, prompt_key=batch.prompt_key)
+    fresh = est.predict(later, survival=True).survival
+    cache = CurveCache(horizon=h, n_requests=batch.size)
+    rows = cache.rows(np.arange(batch.size))
+    cache.store(rows, at_a, batch.age, k=0)
+    advanced = np.array(  # each request's advanced curve: its projected path, W = 0, no refill
+        [
+            conditioned_loads(
+                rows[i : i + 1],
+                batch.age[i : i + 1] + d,
+                np.zeros(1, np.int64),
+                np.zeros(1),
+                cache.curves,
+                cache.pred_age,
+                cache.known,
+                -1.0,
+                1,
+            )[0]
+            / np.arange(h + 1).clip(1)
+            for i in range(batch.size)
+        ]
+    )
+    advanced[:, 0] = 1.0
+    known = slice(1, h + 1 - d)  # offsets beyond H - d are held at S(H): nothing is known there
+    w = BRH_DEFAULTS.gamma ** np.arange(1, h + 1 - d)
+    gap = np.abs(advanced[:, known] - fresh[:, known]) @ w / w.sum()
+    if d == 0:
+        np.testing.assert_allclose(advanced, at_a, atol=1e-12)
+    assert gap.mean() < 0.05
+    assert np.all(np.diff(advanced, axis=1) <= 1e-12)  # still a survival curve
+
+
+@pytest.fixture(scope="module")
+def hazard_40():
+    """hazard (H = 40) fitted on a seeded Mooncake-like trace, and running requests of it."""
+    from balanceroute.features.synthetic import generate
+    from balanceroute.predict.registry import make_estimator
+
+    h = 40
+    trace = generate("mooncake-conv", 1500, seed=3)
+    est = make_estimator(
+        "hazard", horizon=h, n_estimators=30, min_data_in_leaf=20, num_threads=1
+    ).fit(trace)
+    arrays = to_arrays(trace)
+    rng = np.random.default_rng(0)
+    idx = rng.choice(arrays.size, 300, replace=False)
+    batch = RunningBatch(
+        arrays.prompt_tokens[idx],
+        (rng.random(idx.size) * arrays.output_tokens[idx]).astype(np.int64),
+        prompt_key=arrays.prompt_key[idx],
+    )
+    return est, batch, h
+
+
+@pytest.mark.parametrize("kind", ["survival", "exactmatch", "gbdt", "hazard"])
 def test_incremental_replay_predicts_fewer_rows_and_frees_its_cache(kind):
     from balanceroute.predict.registry import make_estimator
     from balanceroute.router.balance_route import BRHPolicy
@@ -105,7 +169,8 @@ def test_incremental_replay_predicts_fewer_rows_and_frees_its_cache(kind):
     rng = np.random.default_rng(1)
     history = frame(rng.integers(50, 3000, 400), rng.integers(1, 200, 400))
     prompts, outputs = rng.integers(50, 3000, 300), rng.integers(1, 200, 300)
-    params = {"n_estimators": 5, "per_request": 4, "min_data_in_leaf": 20} if kind == "gbdt" else {}
+    learned = kind in ("gbdt", "hazard")
+    params = {"n_estimators": 5, "per_request": 4, "min_data_in_leaf": 20} if learned else {}
     est = make_estimator(kind, horizon=16, **params).fit(history)
     pol = BRHPolicy(estimator=est, horizon=16, guard=False)
     res = simulate(released(prompts, outputs), pol, SimConfig(workers=3, slots=6))

@@ -19,6 +19,7 @@ SMALL_PARAMS = {
     "survival": {},
     "exactmatch": {},
     "gbdt": {"n_estimators": 20, "per_request": 4},
+    "hazard": {"n_estimators": 20, "per_request": 4, "bins": 8, "min_data_in_leaf": 50},
 }
 
 
@@ -50,7 +51,8 @@ def key_pool(history: pd.DataFrame) -> np.ndarray:
 
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory: pytest.TempPathFactory, history: pd.DataFrame) -> Path:
-    """``survival``, ``exactmatch`` and ``gbdt`` fitted on the trace, saved as joblib files."""
+    """``survival``, ``exactmatch``, ``gbdt`` and ``hazard`` fitted on the trace, saved as
+    joblib files."""
     out = tmp_path_factory.mktemp("models")
     for kind, params in SMALL_PARAMS.items():
         save_estimator(make_estimator(kind, **params).fit(history), out / f"{kind}.joblib")

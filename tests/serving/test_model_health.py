@@ -53,7 +53,7 @@ def test_a_broken_update_is_not_replayed_and_reload_heals(model_dir: Path) -> No
     asyncio.run(scenario())
 
 
-@pytest.mark.parametrize("kind", ["exactmatch", "gbdt"])
+@pytest.mark.parametrize("kind", ["exactmatch", "gbdt", "hazard"])
 def test_an_observe_off_the_loop_equals_one_in_place(model_dir: Path, kind: str) -> None:
     rng = np.random.default_rng(0)
     outputs = rng.integers(1, 3000, 1000).tolist()

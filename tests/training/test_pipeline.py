@@ -21,12 +21,15 @@ MODEL = "completion-predictor"
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """One training run of all three estimators in a fresh working folder."""
+    """One training run of the three default estimators and ``hazard`` in a fresh folder."""
     root = tmp_path_factory.mktemp("train")
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(root)
         mp.delenv("MLFLOW_TRACKING_URI", raising=False)
-        code = run_cli(["train", *PRESET_ARGS, "--experiment", "pipeline-test"])
+        kinds = "survival,exactmatch,gbdt,hazard"
+        code = run_cli(
+            ["train", *PRESET_ARGS, "--experiment", "pipeline-test", "--estimators", kinds]
+        )
         yield root, code
 
 
@@ -46,7 +49,7 @@ def test_train_registers_versions_and_aliases(in_trained):
     client = MlflowClient()
     versions = client.search_model_versions(f"name='{MODEL}'")
     kinds = {v.tags["kind"]: v.version for v in versions}
-    assert set(kinds) == {"survival", "exactmatch", "gbdt"}
+    assert set(kinds) == {"survival", "exactmatch", "gbdt", "hazard"}
     aliases = client.get_registered_model(MODEL).aliases
     for kind, version in kinds.items():
         assert aliases[kind] == version
@@ -74,16 +77,27 @@ def test_pyfunc_loads_and_unwraps(in_trained):
     assert load_estimator("survival").name == "survival"
 
 
-def test_evaluate_by_alias_and_by_file(in_trained):
+def test_evaluate_by_alias_and_by_file(in_trained, capsys):
     root, _ = in_trained
     out = root / "eval"
-    code = run_cli(["evaluate", *PRESET_ARGS, "--estimator", "survival,gbdt", "--out", str(out)])
+    args = ["evaluate", *PRESET_ARGS, "--estimator", "survival,gbdt,hazard", "--out", str(out)]
+    code = run_cli([*args, "--max-states", "40"])
     assert code == 0
     metrics = json.loads((out / "metrics.json").read_text())
-    assert set(metrics) == {"survival", "gbdt"}
+    assert set(metrics) == {"survival", "gbdt", "hazard"}
+    decision = ("ibs_discounted", "brier_at_8", "auc_at_16", "proj_error", "proj_error_margin")
     for m in metrics.values():
         for name in ("auc", "brier", "log_loss", "ece", "c_mae", "predictions_per_s", "by_age"):
             assert name in m
+        for name in decision:
+            assert np.isfinite(m[name]), name
+    rec = json.loads((out / "recommendation.json").read_text())
+    assert rec["pick"] in {"none", "survival", "gbdt", "hazard"}
+    assert set(rec["scores"]) == {"none", "survival", "gbdt", "hazard"}
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert printed[-1].startswith(f"recommendation: {rec['pick']}")
+    rows = {line.split()[0] for line in printed if line.strip()}
+    assert set(decision) <= rows  # the metrics table shows the new scores
     assert (out / "reliability.png").is_file() and (out / "brier_by_age.png").is_file()
     # the file-based path gives the same scores as the alias for the same model
     joblib_file = next((root / "artifacts" / "models").glob("*/survival.joblib"))

@@ -93,15 +93,26 @@ class Emulator:
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """SIGTERM (the emulator writes its logs), then kill if it does not exit."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        terminate(self.proc, timeout_s)
         self._out.close()
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
+        kill(self.proc)
+
+
+def terminate(proc: subprocess.Popen, timeout_s: float) -> int:
+    """SIGTERM so the server writes its logs, then SIGKILL if it has not exited in time."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            kill(proc)
+    return int(proc.returncode or 0)
+
+
+def kill(proc: subprocess.Popen) -> None:
+    """SIGKILL, and reap the process."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(timeout=10)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -11,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from emulator_helpers import REPO, free_port_range
+from emulator_helpers import REPO, free_port_range, kill, terminate
 
 from balanceroute.serving.emulator.metrics import metric_total, parse_metrics
 
@@ -66,19 +65,12 @@ class GatewayProcess:
 
     def stop(self, timeout_s: float = 30.0) -> int:
         """SIGTERM (the gateway writes its logs and results), then kill if it hangs."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        code = terminate(self.proc, timeout_s)
         self._out.close()
-        return int(self.proc.returncode or 0)
+        return code
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
+        kill(self.proc)
 
 
 def completion(url: str, max_tokens: int, *, stream: bool, prompt: str = "hello there",

@@ -17,8 +17,8 @@ from balanceroute.cli.options import (
 )
 from balanceroute.features.files import output_folder
 from balanceroute.features.workload import load_workload
-from balanceroute.router.ab import ABConfig, progress_printer
-from balanceroute.router.specs import parse_arms
+from balanceroute.router.lab.ab import ABConfig, progress_printer
+from balanceroute.router.policies.specs import parse_arms
 from balanceroute.training.experiments import EXPERIMENT, run_ab_experiment
 
 DEFAULT_TRAIN_FRACTION = 0.3

@@ -11,7 +11,7 @@ from balanceroute.cli.options import (
     positive_int,
     workload_from_args,
 )
-from balanceroute.router.cost import COST_PRESETS
+from balanceroute.router.lab.cost import COST_PRESETS
 from balanceroute.serving.bench.plan import ENDPOINTS, PROMPT_FORMATS
 from balanceroute.serving.bench.run import BenchConfig, run_bench
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from balanceroute.cli.options import positive_float, positive_int
-from balanceroute.router.cost import COST_PRESETS, cost_preset
+from balanceroute.router.lab.cost import COST_PRESETS, cost_preset
 from balanceroute.serving.emulator.config import (
     DEFAULT_MODEL,
     OUTPUT_KINDS,

@@ -20,9 +20,9 @@ from balanceroute.features.loaders import AUTO, FORMATS
 from balanceroute.features.synthetic import PRESETS
 from balanceroute.features.workload import WorkloadSpec
 from balanceroute.predict.base import MAX_HORIZON
-from balanceroute.router.balance_config import BalanceRouteConfig
-from balanceroute.router.cost import COST_PRESETS, cost_preset
-from balanceroute.router.prefill import PrefillConfig
+from balanceroute.router.lab.cost import COST_PRESETS, cost_preset
+from balanceroute.router.lab.prefill import PrefillConfig
+from balanceroute.router.policies.balance_config import BalanceRouteConfig
 
 MAX_INT = 2**31 - 1
 MAX_WORKERS = 4096

@@ -21,9 +21,9 @@ from balanceroute.cli.options import (
 from balanceroute.features.files import output_folder
 from balanceroute.features.workload import load_workload
 from balanceroute.predict.factory import EstimatorSpec
-from balanceroute.router.registry import policy_names
-from balanceroute.router.runner import RemoteSpec, ReplaySpec, simulate_workload
-from balanceroute.router.specs import RouterSpec
+from balanceroute.router.lab.runner import RemoteSpec, ReplaySpec, simulate_workload
+from balanceroute.router.policies.registry import policy_names
+from balanceroute.router.policies.specs import RouterSpec
 
 DEFAULT_TRAIN_FRACTION = 0.3
 SHOWN = (

@@ -67,6 +67,19 @@ def write_text(path: str | Path, text: str) -> Path:
     return write_bytes(path, text.encode())
 
 
+def write_parquet(path: str | Path, table: Any) -> Path:
+    """Write a pyarrow Table or a pandas DataFrame (without its index) to ``path`` as Parquet,
+    whole or not at all, flushed to disk before the rename."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if not isinstance(table, pa.Table):
+        table = pa.Table.from_pandas(table, preserve_index=False)
+    buf = pa.BufferOutputStream()
+    pq.write_table(table, buf)
+    return write_bytes(path, buf.getvalue().to_pybytes())
+
+
 def jsonable(obj: Any) -> Any:
     """numpy scalars and arrays as Python values; anything else as its string."""
     if hasattr(obj, "item"):

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from balanceroute.router.balance_config import BalanceRouteConfig
-from balanceroute.router.guard import ProjectionGuard
+from balanceroute.router.policies.balance_config import BalanceRouteConfig
+from balanceroute.router.policies.guard import ProjectionGuard
 from balanceroute.serving.route_schemas import RouteRequest
 
 

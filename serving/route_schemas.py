@@ -11,8 +11,8 @@ from typing import Annotated, Any, Literal, get_args, get_type_hints
 
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError, create_model, field_validator
 
-from balanceroute.router.balance_config import BalanceRouteConfig
-from balanceroute.router.registry import policy_names
+from balanceroute.router.policies.balance_config import BalanceRouteConfig
+from balanceroute.router.policies.registry import policy_names
 from balanceroute.serving.schemas import (
     MAX_HORIZON,
     MAX_SLOTS,

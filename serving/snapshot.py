@@ -18,13 +18,13 @@ import numpy as np
 from balanceroute.features.errors import UserError
 from balanceroute.predict.base import CompletionEstimator
 from balanceroute.predict.no_prediction import NoPrediction
-from balanceroute.router.admission import admission_violation
-from balanceroute.router.balance_route import BalanceRoutePolicy
-from balanceroute.router.guard import ProjectionGuard
-from balanceroute.router.kernels import compile_kernels
-from balanceroute.router.policy import Policy, RunContext
-from balanceroute.router.registry import policy_class, policy_names
-from balanceroute.router.state import (
+from balanceroute.router.policies.admission import admission_violation
+from balanceroute.router.policies.balance_route import BalanceRoutePolicy
+from balanceroute.router.policies.guard import ProjectionGuard
+from balanceroute.router.policies.kernels import compile_kernels
+from balanceroute.router.policies.policy import Policy, RunContext
+from balanceroute.router.policies.registry import policy_class, policy_names
+from balanceroute.router.policies.state import (
     Admissions,
     ArrayPool,
     RequestTable,

@@ -14,8 +14,8 @@ from pydantic import ValidationError
 
 from balanceroute.features.errors import UserError
 from balanceroute.predict.model_store import load_estimator
-from balanceroute.router.balance_route import BalanceRoutePolicy
-from balanceroute.router.exact import solve_step, step_objective
+from balanceroute.router.policies.balance_route import BalanceRoutePolicy
+from balanceroute.router.policies.exact import solve_step, step_objective
 from balanceroute.serving.route_schemas import RouteRequest
 from balanceroute.serving.snapshot import build_snapshot, make_policy
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from balanceroute.router.balance_config import BRH_DEFAULTS, GAMMA_MAX, GAMMA_MIN
+from balanceroute.router.policies.balance_config import BRH_DEFAULTS, GAMMA_MAX, GAMMA_MIN
 from balanceroute.training.metrics import auc
 
 SCORE_KS: tuple[int, ...] = (8, 16, 40, 80)

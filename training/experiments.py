@@ -1,7 +1,7 @@
 """A/B experiments end to end: the paired replay, its results on disk, and MLflow tracking.
 
 :func:`run_ab_experiment` is what ``balanceroute ab`` runs, callable from Python with the same
-result: :func:`balanceroute.router.ab.run_ab` replays every arm, :func:`write_ab_results` writes
+result: :func:`balanceroute.router.lab.ab.run_ab` replays every arm, :func:`write_ab_results` writes
 the summary, report and plots, and (with ``track``) one MLflow parent run with a child run per
 arm records them. A tracking failure never loses the results: they are on disk first.
 """
@@ -16,8 +16,8 @@ from typing import Any
 import pandas as pd
 
 from balanceroute.predict.model_store import setup_mlflow
-from balanceroute.router.ab import METRICS, ABConfig, run_ab
-from balanceroute.router.ab_outputs import ABResults, write_ab_results
+from balanceroute.router.lab.ab import METRICS, ABConfig, run_ab
+from balanceroute.router.lab.ab_outputs import ABResults, write_ab_results
 
 EXPERIMENT = "balanceroute-ab"
 

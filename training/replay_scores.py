@@ -13,7 +13,7 @@ is compared with what the replay then did, ``sum_i (W_i + h) 1{r_i <= h}``:
 - ``proj_error_margin``: the same after removing each ``h``'s mean error over the workers, the
   part that moves margins (an error every worker shares leaves BR-H's choices unchanged).
 
-The states come from one replay (``router/runner.py``) of the requests under a prediction-free
+The states come from one replay (``router/lab/runner.py``) of the requests under a prediction-free
 ``brh`` (so no estimator shapes the states it is judged on); the :class:`StateSampler` wrapped
 around that policy hands every completion to each estimator as BR-H would and, every
 ``every``-th routing call, asks each for its curves of the running requests.
@@ -40,12 +40,12 @@ import pandas as pd
 
 from balanceroute.features.errors import UserError
 from balanceroute.predict.base import CompletedBatch, CompletionEstimator, RunningBatch
-from balanceroute.router.ab import replay_windows
-from balanceroute.router.policy import Policy, RunContext
-from balanceroute.router.prefill import PrefillConfig
-from balanceroute.router.runner import ReplaySpec, replay
-from balanceroute.router.specs import RouterSpec
-from balanceroute.router.state import Admissions, RouterState
+from balanceroute.router.lab.ab import replay_windows
+from balanceroute.router.lab.prefill import PrefillConfig
+from balanceroute.router.lab.runner import ReplaySpec, replay
+from balanceroute.router.policies.policy import Policy, RunContext
+from balanceroute.router.policies.specs import RouterSpec
+from balanceroute.router.policies.state import Admissions, RouterState
 from balanceroute.training.decision import DEFAULT_SLOTS, discount_weights
 
 STATE_ROUTER = "brh:none"

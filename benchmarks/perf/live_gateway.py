@@ -49,11 +49,11 @@ from balanceroute.features.trace_io import write_trace
 from balanceroute.features.workload import WorkloadSpec, load_workload
 from balanceroute.predict.factory import EstimatorSpec, build_estimator
 from balanceroute.predict.model_store import load_file, save_estimator
-from balanceroute.router.cost import cost_preset
-from balanceroute.router.prefill import ReleasedRequests, rate_scale_for_load
-from balanceroute.router.simulator import SimConfig, simulate
-from balanceroute.router.specs import RouterSpec
-from balanceroute.router.state import RequestTable
+from balanceroute.router.lab.cost import cost_preset
+from balanceroute.router.lab.prefill import ReleasedRequests, rate_scale_for_load
+from balanceroute.router.lab.simulator import SimConfig, simulate
+from balanceroute.router.policies.specs import RouterSpec
+from balanceroute.router.policies.state import RequestTable
 from balanceroute.serving.emulator.iterlog import rank_matrix, read_log
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"

@@ -38,10 +38,10 @@ from balanceroute.features.schema import to_arrays
 from balanceroute.features.split import time_split
 from balanceroute.features.synthetic import generate
 from balanceroute.predict.factory import build_estimator
-from balanceroute.router.baselines import CountJSQPolicy
-from balanceroute.router.prefill import PrefillConfig, release
-from balanceroute.router.simulator import SimConfig, simulate
-from balanceroute.router.specs import RouterSpec
+from balanceroute.router.lab.prefill import PrefillConfig, release
+from balanceroute.router.lab.simulator import SimConfig, simulate
+from balanceroute.router.policies.baselines import CountJSQPolicy
+from balanceroute.router.policies.specs import RouterSpec
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 ARMS = {

@@ -17,9 +17,9 @@ from pathlib import Path
 from balanceroute.features.loaders import load_trace
 from balanceroute.features.schema import to_arrays
 from balanceroute.features.synthetic import generate
-from balanceroute.router.baselines import CountJSQPolicy
-from balanceroute.router.prefill import PrefillConfig, release
-from balanceroute.router.simulator import SimConfig, simulate
+from balanceroute.router.lab.prefill import PrefillConfig, release
+from balanceroute.router.lab.simulator import SimConfig, simulate
+from balanceroute.router.policies.baselines import CountJSQPolicy
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 

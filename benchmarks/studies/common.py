@@ -23,9 +23,9 @@ from balanceroute.features.files import jsonable
 from balanceroute.features.loaders import load_trace
 from balanceroute.features.synthetic import generate
 from balanceroute.predict.factory import EstimatorSpec, build_estimator
-from balanceroute.router.prefill import PrefillConfig
-from balanceroute.router.runner import ReplaySpec, replay
-from balanceroute.router.specs import RouterSpec
+from balanceroute.router.lab.prefill import PrefillConfig
+from balanceroute.router.lab.runner import ReplaySpec, replay
+from balanceroute.router.policies.specs import RouterSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT.parent / "shared" / "data"

@@ -20,13 +20,13 @@ import numpy as np
 from common import WORKLOADS, workload_frame
 
 from balanceroute.predict.oracle import OracleEstimator
-from balanceroute.router.balance_route import BR0Policy, BRHPolicy, PaperBRHPolicy
-from balanceroute.router.exact import solve_step, step_objective
-from balanceroute.router.policy import Policy
-from balanceroute.router.prefill import PrefillConfig
-from balanceroute.router.runner import ReplaySpec, released_requests
-from balanceroute.router.simulator import SimConfig, simulate
-from balanceroute.router.state import Admissions, RouterState
+from balanceroute.router.lab.prefill import PrefillConfig
+from balanceroute.router.lab.runner import ReplaySpec, released_requests
+from balanceroute.router.lab.simulator import SimConfig, simulate
+from balanceroute.router.policies.balance_route import BR0Policy, BRHPolicy, PaperBRHPolicy
+from balanceroute.router.policies.exact import solve_step, step_objective
+from balanceroute.router.policies.policy import Policy
+from balanceroute.router.policies.state import Admissions, RouterState
 
 
 class Recorder(Policy):

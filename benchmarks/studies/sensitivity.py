@@ -26,7 +26,7 @@ from pathlib import Path
 
 from common import ROOT, Point, median, run_points
 
-from balanceroute.router.balance_route import BRH_DEFAULTS, PAPER_BRH
+from balanceroute.router.policies.balance_route import BRH_DEFAULTS, PAPER_BRH
 
 WORKLOADS = ("azure", "mooncake", "paper-prod")
 LOADS = (None, 1.1)

@@ -23,9 +23,9 @@ from joblib import Parallel, delayed
 
 from balanceroute.features.schema import to_arrays
 from balanceroute.features.synthetic import generate
-from balanceroute.router.prefill import PrefillConfig, release
-from balanceroute.router.registry import policy_class
-from balanceroute.router.simulator import SimConfig, simulate
+from balanceroute.router.lab.prefill import PrefillConfig, release
+from balanceroute.router.lab.simulator import SimConfig, simulate
+from balanceroute.router.policies.registry import policy_class
 
 GS = (2, 4, 8, 16)
 BS = (4, 8, 16, 32)

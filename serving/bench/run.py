@@ -27,8 +27,8 @@ from balanceroute.features.errors import UserError
 from balanceroute.features.files import write_bytes
 from balanceroute.features.schema import to_arrays
 from balanceroute.features.workload import WorkloadSpec, load_workload
-from balanceroute.router.cost import cost_preset
-from balanceroute.router.prefill import rate_scale_for_load
+from balanceroute.router.lab.cost import cost_preset
+from balanceroute.router.lab.prefill import rate_scale_for_load
 from balanceroute.serving.bench.client import RequestRecord, stream_request
 from balanceroute.serving.bench.plan import Plan, make_plan, resolve_targets
 from balanceroute.serving.bench.records import records_frame, summarize

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from balanceroute.features.errors import UserError
-from balanceroute.router.cost import CostModel, cost_preset
+from balanceroute.router.lab.cost import CostModel, cost_preset
 
 OUTPUT_KINDS = ("geometric", "lognormal", "max")
 DEFAULT_MODEL = "balanceroute-emulator"

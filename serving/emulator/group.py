@@ -1,6 +1,6 @@
 """The synchronized decode group and its clock: pure asyncio, no HTTP (testable alone).
 
-Model (the simulator's, ``router/simulator.py``). All ranks share one clock. Iteration ``k``
+Model (the simulator's, ``router/lab/simulator.py``). All ranks share one clock. Iteration ``k``
 starts by removing cancelled requests, then admits: each rank moves requests from its own FCFS
 waiting queue into its free slots (at most ``B`` running). Its duration is
 ``t_fixed + t_comm + t_token * max_g L_g(k)`` with ``L_g`` the rank's KV load after admission

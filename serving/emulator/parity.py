@@ -1,12 +1,12 @@
 """Replay an emulator run in the simulator: same requests, same ranks, same admission iterations.
 
-The emulator and :mod:`balanceroute.router.simulator` implement one model, so given the
+The emulator and :mod:`balanceroute.router.lab.simulator` implement one model, so given the
 emulator's admissions (from its request log) the simulator must reproduce its per-iteration
 loads, durations and token counts. Releases are placed so the simulator sees each request
 exactly when the emulator admitted it: at the iteration's model start when the group had been
 idle (the simulator jumps its clock to that release, as the emulator restarted its clock),
 otherwise half an iteration earlier (strictly inside the previous iteration, so no rounding of
-the clock can move it). :class:`~balanceroute.router.scripted.ScriptedPolicy` then admits each
+the clock can move it). :class:`~balanceroute.router.lab.scripted.ScriptedPolicy` then admits each
 request to its rank at its iteration. Both clocks add the same float durations in the same
 order, so the comparison is exact.
 """
@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from balanceroute.router.prefill import ReleasedRequests
-from balanceroute.router.scripted import ScriptedPolicy
-from balanceroute.router.simulator import SimConfig, SimResult, simulate
-from balanceroute.router.state import RequestTable
+from balanceroute.router.lab.prefill import ReleasedRequests
+from balanceroute.router.lab.scripted import ScriptedPolicy
+from balanceroute.router.lab.simulator import SimConfig, SimResult, simulate
+from balanceroute.router.policies.state import RequestTable
 from balanceroute.serving.emulator.config import EmulatorConfig
 from balanceroute.serving.emulator.iterlog import rank_matrix, read_log
 

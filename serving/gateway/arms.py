@@ -1,6 +1,6 @@
 """The gateway's routing arms: the same policy objects and estimators as ``simulate``.
 
-Each arm is a :class:`~balanceroute.router.specs.RouterSpec` built with ``build_policy`` and, for
+Each arm is a :class:`~balanceroute.router.policies.specs.RouterSpec` built with ``build_policy`` and, for
 routers that look ahead, an estimator from :func:`~balanceroute.predict.factory.build_estimator`
 (a loaded model; or one fitted on ``--history``; or a prediction service with the local one as
 its fallback). The policy holds a :class:`Handle` on its estimator, never the model itself, so
@@ -28,9 +28,9 @@ from balanceroute.predict.base import (
 from balanceroute.predict.factory import EstimatorSpec, build_estimator
 from balanceroute.predict.registry import estimator_class, estimator_names
 from balanceroute.predict.remote import RemoteEstimator, preflight
-from balanceroute.router.policy import Policy
-from balanceroute.router.registry import OFFLINE_ONLY
-from balanceroute.router.specs import RouterSpec, parse_arms
+from balanceroute.router.policies.policy import Policy
+from balanceroute.router.policies.registry import OFFLINE_ONLY
+from balanceroute.router.policies.specs import RouterSpec, parse_arms
 from balanceroute.serving.gateway.settings import GatewaySettings
 
 DEFAULT_HORIZON = 80

@@ -4,7 +4,7 @@ stream and every tick.
 A decision tells the active policy which requests left since the last one (``on_complete``,
 before any of their positions is reused; a request that did not finish normally leaves with its
 estimator muted), asks it for the admissions due (``route``, timed), checks them with the
-simulator's own invariants (:func:`~balanceroute.router.admission.admission_violation`) and
+simulator's own invariants (:func:`~balanceroute.router.policies.admission.admission_violation`) and
 resolves each admitted request's future with its rank; the request's handler then forwards it.
 Decisions run on the event loop, between two relayed chunks, so the state never changes under
 a policy. Arms switch at window boundaries (:class:`Switchback`): the incoming policy is
@@ -23,8 +23,8 @@ from collections.abc import Callable
 import numpy as np
 
 from balanceroute.predict.base import CompletedBatch
-from balanceroute.router.admission import admission_violation
-from balanceroute.router.policy import RunContext
+from balanceroute.router.policies.admission import admission_violation
+from balanceroute.router.policies.policy import RunContext
 from balanceroute.serving.gateway.arms import Arm
 from balanceroute.serving.gateway.metrics import GatewayMetrics
 from balanceroute.serving.gateway.state import Departure, LiveGroup

@@ -1,7 +1,7 @@
 """The live state of the decode group as the gateway sees it, in the router's own types.
 
 A live gateway has an unbounded stream of requests, but a policy sizes its per-run arrays by the
-:class:`~balanceroute.router.state.RequestTable` (BR-H's load projection keeps arrays of its
+:class:`~balanceroute.router.policies.state.RequestTable` (BR-H's load projection keeps arrays of its
 length). So the table has a fixed capacity (the pool limit, plus every slot of the group, plus a
 margin) and its *positions are recycled*: a position is taken when a request arrives and given
 back only after the policy's ``on_complete`` has been told it left (or it left the pool without
@@ -10,7 +10,7 @@ key (in the table), the rank it runs on, its age (tokens streamed so far), when 
 how often later requests were admitted before it.
 
 The pool is the gateway's shared waiting pool, oldest first, implementing the router's
-:class:`~balanceroute.router.state.Pool` protocol. A request sent back by a failed rank goes to
+:class:`~balanceroute.router.policies.state.Pool` protocol. A request sent back by a failed rank goes to
 its head. ``iteration`` is the gateway's estimate of the engine's step counter: it advances by one
 at a decision when tokens have arrived since the previous decision (every running request
 advances one token per engine step, so with a tick no longer than a step it counts steps); only
@@ -25,7 +25,7 @@ from itertools import islice
 
 import numpy as np
 
-from balanceroute.router.state import RequestTable, RouterState, RunningRequests
+from balanceroute.router.policies.state import RequestTable, RouterState, RunningRequests
 
 MARGIN = 64
 

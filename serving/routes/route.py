@@ -24,10 +24,10 @@ import anyio.to_thread
 from fastapi import APIRouter, HTTPException, Request
 
 from balanceroute.predict.base import CompletionEstimator
-from balanceroute.router.balance_config import BRH_DEFAULTS
-from balanceroute.router.balance_route import BalanceRoutePolicy
-from balanceroute.router.guard import ProjectionGuard
-from balanceroute.router.registry import policy_class
+from balanceroute.router.policies.balance_config import BRH_DEFAULTS
+from balanceroute.router.policies.balance_route import BalanceRoutePolicy
+from balanceroute.router.policies.guard import ProjectionGuard
+from balanceroute.router.policies.registry import policy_class
 from balanceroute.serving.body import openapi_body
 from balanceroute.serving.decode import check_count, parse_json, validate
 from balanceroute.serving.deps import Authorized, Services, field_error, services

@@ -13,7 +13,7 @@ from balanceroute.predict.base import RunningBatch
 from balanceroute.predict.incremental import CurveCache, conditioned_loads
 from balanceroute.predict.projection import request_paths
 from balanceroute.predict.survival import SurvivalEstimator
-from balanceroute.router.balance_config import BRH_DEFAULTS
+from balanceroute.router.policies.balance_config import BRH_DEFAULTS
 from tests.router.helpers import frame
 
 
@@ -162,8 +162,8 @@ def hazard_40():
 @pytest.mark.parametrize("kind", ["survival", "exactmatch", "gbdt", "hazard"])
 def test_incremental_replay_predicts_fewer_rows_and_frees_its_cache(kind):
     from balanceroute.predict.registry import make_estimator
-    from balanceroute.router.balance_route import BRHPolicy
-    from balanceroute.router.simulator import SimConfig, simulate
+    from balanceroute.router.lab.simulator import SimConfig, simulate
+    from balanceroute.router.policies.balance_route import BRHPolicy
     from tests.router.helpers import released
 
     rng = np.random.default_rng(1)

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 from balanceroute.features.schema import to_arrays, validate_trace
-from balanceroute.router.prefill import PrefillConfig, ReleasedRequests, release
+from balanceroute.router.lab.prefill import PrefillConfig, ReleasedRequests, release
 
 
 def frame(prompts, outputs, arrivals=None, keys=None) -> pd.DataFrame:

@@ -8,8 +8,8 @@ import pytest
 
 from balanceroute.cli import main as balanceroute_main
 from balanceroute.features.errors import UserError
-from balanceroute.router.ab import ABConfig, aggregate, run_ab
-from balanceroute.router.specs import RouterSpec, parse_arms
+from balanceroute.router.lab.ab import ABConfig, aggregate, run_ab
+from balanceroute.router.policies.specs import RouterSpec, parse_arms
 
 ARMS = "count-jsq,token-jsq,br0,brh:none,brh:survival,brh:oracle{gamma=0.9;beta=20}"
 

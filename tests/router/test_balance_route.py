@@ -13,12 +13,12 @@ from balanceroute.predict.projection import (
     cutoff_survival,
     request_paths,
 )
-from balanceroute.router.balance_route import BalanceRouteConfig, BR0Policy, BRHPolicy
-from balanceroute.router.kernels import br_step
-from balanceroute.router.policy import RunContext
-from balanceroute.router.scoring import discount_weights
-from balanceroute.router.simulator import SimConfig, simulate
-from balanceroute.router.state import ArrayPool, RequestTable, RouterState, RunningRequests
+from balanceroute.router.lab.simulator import SimConfig, simulate
+from balanceroute.router.policies.balance_route import BalanceRouteConfig, BR0Policy, BRHPolicy
+from balanceroute.router.policies.kernels import br_step
+from balanceroute.router.policies.policy import RunContext
+from balanceroute.router.policies.scoring import discount_weights
+from balanceroute.router.policies.state import ArrayPool, RequestTable, RouterState, RunningRequests
 from tests.router.helpers import frame, released
 from tests.router.reference_br import reference_step
 
@@ -238,7 +238,7 @@ def test_auto_projection_is_each_estimators_own():
     from balanceroute.predict.no_prediction import NoPrediction
     from balanceroute.predict.noisy_oracle import NoisyOracleEstimator
     from balanceroute.predict.survival import SurvivalEstimator
-    from balanceroute.router.balance_route import resolve_projection
+    from balanceroute.router.policies.balance_route import resolve_projection
 
     for cls in (SurvivalEstimator, ExactMatchEstimator, GBDTEstimator):
         assert resolve_projection("auto", cls()) == "expected", cls.name

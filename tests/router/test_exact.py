@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from balanceroute.router.exact import ExactPolicy, solve_step, step_objective
-from balanceroute.router.simulator import SimConfig, simulate
+from balanceroute.router.lab.simulator import SimConfig, simulate
+from balanceroute.router.policies.exact import ExactPolicy, solve_step, step_objective
 from tests.router.helpers import occupancy, released
 
 
@@ -87,7 +87,7 @@ def test_exact_policy_is_maximal_and_within_capacity():
 
 def test_single_admission_fast_path_matches_the_milp():
     rng = np.random.default_rng(4)
-    from balanceroute.router.exact import best_single
+    from balanceroute.router.policies.exact import best_single
 
     for _ in range(30):
         loads = rng.integers(0, 5000, 4).astype(float)

@@ -11,15 +11,15 @@ from hypothesis import strategies as st
 from balanceroute.predict.no_prediction import NoPrediction
 from balanceroute.predict.oracle import OracleEstimator
 from balanceroute.predict.survival import SurvivalEstimator
-from balanceroute.router import guard as guard_module
-from balanceroute.router.balance_route import BRHPolicy, PaperBRHPolicy
-from balanceroute.router.guard import (
+from balanceroute.router.lab.simulator import SimConfig, simulate
+from balanceroute.router.policies import guard as guard_module
+from balanceroute.router.policies.balance_route import BRHPolicy, PaperBRHPolicy
+from balanceroute.router.policies.guard import (
     MIN_SNAPSHOTS,
     ProjectionGuard,
     decision_loss,
     departures_into,
 )
-from balanceroute.router.simulator import SimConfig, simulate
 from tests.router.helpers import frame, released
 
 

@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from balanceroute.predict.oracle import OracleEstimator
-from balanceroute.router.registry import policy_class, policy_names
-from balanceroute.router.simulator import SimConfig, simulate
+from balanceroute.router.lab.simulator import SimConfig, simulate
+from balanceroute.router.policies.registry import policy_class, policy_names
 from tests.router.helpers import frame, occupancy, released
 
 BR_VARIANTS = [

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from balanceroute.router.scoring import br0_score, discount_weights, horizon_score
+from balanceroute.router.policies.scoring import br0_score, discount_weights, horizon_score
 from tests.router.reference_br import best_subset
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import balanceroute.router.simulator as simulator_module
-from balanceroute.router.baselines import CountJSQPolicy
-from balanceroute.router.cost import CostModel
-from balanceroute.router.metrics import summarize
-from balanceroute.router.policy import Policy
-from balanceroute.router.simulator import RoutingViolation, SimConfig, simulate
-from balanceroute.router.state import Admissions
+import balanceroute.router.lab.simulator as simulator_module
+from balanceroute.router.lab.cost import CostModel
+from balanceroute.router.lab.metrics import summarize
+from balanceroute.router.lab.simulator import RoutingViolation, SimConfig, simulate
+from balanceroute.router.policies.baselines import CountJSQPolicy
+from balanceroute.router.policies.policy import Policy
+from balanceroute.router.policies.state import Admissions
 from tests.router.helpers import released
 
 COST = CostModel(t_fixed_s=1.0, t_token_s=0.1)
@@ -111,7 +111,7 @@ def test_violations_name_policy_and_iteration(mode, message):
 def test_same_seed_same_result_bit_for_bit():
     rng = np.random.default_rng(0)
     rq = released(rng.integers(1, 500, 400), rng.integers(1, 200, 400))
-    from balanceroute.router.baselines import RandomPolicy
+    from balanceroute.router.policies.baselines import RandomPolicy
 
     a = simulate(rq, RandomPolicy(), SimConfig(workers=4, slots=8, seed=7))
     b = simulate(rq, RandomPolicy(), SimConfig(workers=4, slots=8, seed=7))

@@ -6,7 +6,7 @@ import asyncio
 
 import numpy as np
 
-from balanceroute.router.cost import CostModel
+from balanceroute.router.lab.cost import CostModel
 from balanceroute.serving.emulator.config import EmulatorConfig
 from balanceroute.serving.emulator.group import DecodeGroup, EmuRequest
 

@@ -17,9 +17,9 @@ from pydantic import ValidationError
 
 from balanceroute.predict.base import CompletedBatch
 from balanceroute.predict.no_prediction import NoPrediction
-from balanceroute.router.policy import Policy
-from balanceroute.router.specs import RouterSpec
-from balanceroute.router.state import Admissions
+from balanceroute.router.policies.policy import Policy
+from balanceroute.router.policies.specs import RouterSpec
+from balanceroute.router.policies.state import Admissions
 from balanceroute.serving.gateway.arms import Arm, Handle
 from balanceroute.serving.gateway.dispatch import Dispatcher
 from balanceroute.serving.gateway.metrics import GatewayMetrics

@@ -8,7 +8,7 @@ import pytest
 from service_helpers import Server, post
 
 from balanceroute.predict.survival import SurvivalEstimator
-from balanceroute.router.guard import MIN_SNAPSHOTS
+from balanceroute.router.policies.guard import MIN_SNAPSHOTS
 from balanceroute.serving.guards import RouteGuards
 from balanceroute.serving.route_schemas import RouteRequest
 from balanceroute.serving.snapshot import decide

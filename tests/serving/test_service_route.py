@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from service_helpers import Server, load_model, post
 
-from balanceroute.router.policy import RunContext
-from balanceroute.router.registry import policy_class, policy_names
-from balanceroute.router.state import ArrayPool, RequestTable, RouterState, RunningRequests
+from balanceroute.router.policies.policy import RunContext
+from balanceroute.router.policies.registry import policy_class, policy_names
+from balanceroute.router.policies.state import ArrayPool, RequestTable, RouterState, RunningRequests
 
 pytestmark = pytest.mark.server
 SERVER_ARMS = ("exactmatch", "survival")

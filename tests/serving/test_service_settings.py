@@ -107,7 +107,7 @@ def test_the_openapi_document_describes_the_self_decoded_bodies() -> None:
 def test_route_options_follow_the_router_configuration() -> None:
     import dataclasses
 
-    from balanceroute.router.balance_route import BalanceRouteConfig
+    from balanceroute.router.policies.balance_route import BalanceRouteConfig
     from balanceroute.serving.route_schemas import BalanceRouteOptions
 
     names = {f.name for f in dataclasses.fields(BalanceRouteConfig)}

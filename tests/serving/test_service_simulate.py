@@ -13,8 +13,8 @@ from service_helpers import load_model
 from balanceroute.cli import main as balanceroute_main
 from balanceroute.features.synthetic import generate
 from balanceroute.predict.remote import RemoteEstimator
-from balanceroute.router.runner import ReplaySpec, replay
-from balanceroute.router.specs import RouterSpec
+from balanceroute.router.lab.runner import ReplaySpec, replay
+from balanceroute.router.policies.specs import RouterSpec
 
 pytestmark = pytest.mark.server
 SIM = [

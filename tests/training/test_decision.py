@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 from balanceroute.features.synthetic import generate
 from balanceroute.predict.base import survival_from_remaining
 from balanceroute.predict.registry import make_estimator
-from balanceroute.router.balance_config import BRH_DEFAULTS, GAMMA_MAX, GAMMA_MIN
-from balanceroute.router.balance_route import BRHPolicy
-from balanceroute.router.policy import RunContext
-from balanceroute.router.state import RequestTable
+from balanceroute.router.policies.balance_config import BRH_DEFAULTS, GAMMA_MAX, GAMMA_MIN
+from balanceroute.router.policies.balance_route import BRHPolicy
+from balanceroute.router.policies.policy import RunContext
+from balanceroute.router.policies.state import RequestTable
 from balanceroute.training.decision import curve_scores, discount_weights, router_gamma
 from balanceroute.training.holdout import make_holdout
 from balanceroute.training.recommend import RANKING_SCORES, REFERENCE, recommend

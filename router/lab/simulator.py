@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from balanceroute.router.admission import admission_violation
-from balanceroute.router.cost import CostModel
-from balanceroute.router.policy import Policy, RunContext
-from balanceroute.router.prefill import ReleasedRequests
-from balanceroute.router.state import RouterState, RunningRequests
+from balanceroute.router.lab.cost import CostModel
+from balanceroute.router.lab.prefill import ReleasedRequests
+from balanceroute.router.policies.admission import admission_violation
+from balanceroute.router.policies.policy import Policy, RunContext
+from balanceroute.router.policies.state import RouterState, RunningRequests
 
 SPAN_LIMIT = 4096
 

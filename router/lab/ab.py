@@ -26,10 +26,10 @@ from balanceroute.predict.base import CompletionEstimator, Fitting
 from balanceroute.predict.factory import build_estimator
 from balanceroute.predict.model_store import registered_version
 from balanceroute.predict.registry import estimator_class
-from balanceroute.router.cost import CostModel
-from balanceroute.router.prefill import PrefillConfig
-from balanceroute.router.runner import ReplaySpec, released_requests, replay
-from balanceroute.router.specs import RouterSpec
+from balanceroute.router.lab.cost import CostModel
+from balanceroute.router.lab.prefill import PrefillConfig
+from balanceroute.router.lab.runner import ReplaySpec, released_requests, replay
+from balanceroute.router.policies.specs import RouterSpec
 
 TRAJECTORY_WINDOW = 1500
 DIST_SAMPLE = 4000

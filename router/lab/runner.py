@@ -20,10 +20,9 @@ from balanceroute.features.split import time_split
 from balanceroute.predict.base import CompletionEstimator
 from balanceroute.predict.factory import build_estimator
 from balanceroute.predict.remote import RemoteEstimator, preflight
-from balanceroute.router.cost import CostModel
-from balanceroute.router.metrics import summarize
-from balanceroute.router.policy import Policy
-from balanceroute.router.prefill import (
+from balanceroute.router.lab.cost import CostModel
+from balanceroute.router.lab.metrics import summarize
+from balanceroute.router.lab.prefill import (
     PrefillConfig,
     ReleasedRequests,
     arrival_rps,
@@ -33,9 +32,10 @@ from balanceroute.router.prefill import (
     release,
     sized_prefill,
 )
-from balanceroute.router.records import write_records
-from balanceroute.router.simulator import SimConfig, SimResult, simulate
-from balanceroute.router.specs import RouterSpec
+from balanceroute.router.lab.records import write_records
+from balanceroute.router.lab.simulator import SimConfig, SimResult, simulate
+from balanceroute.router.policies.policy import Policy
+from balanceroute.router.policies.specs import RouterSpec
 
 MAX_SLOTS_TOTAL = 2**22  # slots of the whole group: per-slot state stays within memory
 

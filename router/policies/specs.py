@@ -16,8 +16,8 @@ from balanceroute.features.errors import UserError
 from balanceroute.predict.base import CompletionEstimator
 from balanceroute.predict.factory import EstimatorSpec
 from balanceroute.predict.registry import estimator_names
-from balanceroute.router.policy import Policy
-from balanceroute.router.registry import policy_class, policy_names
+from balanceroute.router.policies.policy import Policy
+from balanceroute.router.policies.registry import policy_class, policy_names
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from balanceroute.router.simulator import SimResult
+from balanceroute.router.lab.simulator import SimResult
 
 SUMMARY_KEYS = (
     "mean_imbalance",

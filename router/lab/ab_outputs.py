@@ -1,6 +1,6 @@
 """What an A/B replay leaves behind: ``summary.json``, ``report.md`` and the plots.
 
-:func:`write_ab_results` turns the raw task results of :func:`balanceroute.router.ab.run_ab`
+:func:`write_ab_results` turns the raw task results of :func:`balanceroute.router.lab.ab.run_ab`
 into the summary (per arm at the headline G, with intervals and paired ratios, and per G when
 several were run), writes it with the report and the plots, and returns what it wrote.
 """
@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from balanceroute.features.files import write_json, write_text
-from balanceroute.router import plots, report
-from balanceroute.router.ab import ABConfig, aggregate
+from balanceroute.router.lab import plots, report
+from balanceroute.router.lab.ab import ABConfig, aggregate
 
 
 @dataclass(frozen=True)

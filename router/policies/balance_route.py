@@ -32,7 +32,7 @@ from balanceroute.predict.projection import (
     extend_survival,
     request_paths,
 )
-from balanceroute.router.balance_config import (
+from balanceroute.router.policies.balance_config import (
     BR0_DEFAULTS,
     BRH_DEFAULTS,
     GAMMA_MAX,
@@ -40,8 +40,8 @@ from balanceroute.router.balance_config import (
     PAPER_BRH,
     BalanceRouteConfig,
 )
-from balanceroute.router.guard import ProjectionGuard
-from balanceroute.router.kernels import (
+from balanceroute.router.policies.guard import ProjectionGuard
+from balanceroute.router.policies.kernels import (
     FALLBACK,
     GUARD,
     STAGE1,
@@ -49,9 +49,9 @@ from balanceroute.router.kernels import (
     br_step,
     compile_kernels,
 )
-from balanceroute.router.policy import Policy, RunContext
-from balanceroute.router.scoring import discount_weights
-from balanceroute.router.state import Admissions, RouterState
+from balanceroute.router.policies.policy import Policy, RunContext
+from balanceroute.router.policies.scoring import discount_weights
+from balanceroute.router.policies.state import Admissions, RouterState
 
 
 def resolve_projection(projection: str, estimator: CompletionEstimator | None) -> str:

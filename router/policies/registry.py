@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from balanceroute.features.errors import UserError
-from balanceroute.router.balance_route import BR0Policy, BRHPolicy, PaperBRHPolicy
-from balanceroute.router.baselines import (
+from balanceroute.router.policies.balance_route import BR0Policy, BRHPolicy, PaperBRHPolicy
+from balanceroute.router.policies.baselines import (
     CountJSQPolicy,
     PowerOfTwoPolicy,
     RandomPolicy,
     RoundRobinPolicy,
     TokenJSQPolicy,
 )
-from balanceroute.router.exact import ExactPolicy
-from balanceroute.router.policy import Policy
+from balanceroute.router.policies.exact import ExactPolicy
+from balanceroute.router.policies.policy import Policy
 
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from balanceroute.router.ab import bootstrap_mean_ci
+from balanceroute.router.lab.ab import bootstrap_mean_ci
 
 COLUMNS = (
     ("steady_mean_imbalance", "Mean I (steady)", "{:,.0f}"),

@@ -7,8 +7,8 @@ from pathlib import Path
 import pandas as pd
 
 from balanceroute.features.files import atomic_output
-from balanceroute.router.metrics import queue_delay_s, tpot_s
-from balanceroute.router.simulator import SimResult
+from balanceroute.router.lab.metrics import queue_delay_s, tpot_s
+from balanceroute.router.lab.simulator import SimResult
 
 
 def iteration_frame(result: SimResult) -> pd.DataFrame:

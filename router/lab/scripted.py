@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from balanceroute.router.policy import Policy, RunContext
-from balanceroute.router.state import Admissions, RouterState
+from balanceroute.router.policies.policy import Policy, RunContext
+from balanceroute.router.policies.state import Admissions, RouterState
 
 
 class ScriptedPolicy(Policy):

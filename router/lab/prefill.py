@@ -19,8 +19,8 @@ import numpy as np
 
 from balanceroute.features.errors import UserError
 from balanceroute.features.schema import TraceArrays
-from balanceroute.router.cost import CostModel
-from balanceroute.router.state import RequestTable
+from balanceroute.router.lab.cost import CostModel
+from balanceroute.router.policies.state import RequestTable
 
 
 @dataclass(frozen=True, slots=True)

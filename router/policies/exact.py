@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from balanceroute.router.policy import Policy
-from balanceroute.router.scoring import discount_weights
-from balanceroute.router.state import Admissions, RouterState
+from balanceroute.router.policies.policy import Policy
+from balanceroute.router.policies.scoring import discount_weights
+from balanceroute.router.policies.state import Admissions, RouterState
 
 
 @dataclass(frozen=True, slots=True)

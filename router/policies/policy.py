@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from balanceroute.router.state import Admissions, RequestTable, RouterState
+from balanceroute.router.policies.state import Admissions, RequestTable, RouterState
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,1 @@
+"""The simulation and experiment lab: the decode-tier simulator, prefill, replays, the A/B harness and its report."""

@@ -7,7 +7,6 @@ import sys
 import time
 
 from balanceroute.cli.options import (
-    MAX_WORKERS,
     add_tier_args,
     add_workload_args,
     bounded_int,
@@ -15,6 +14,7 @@ from balanceroute.cli.options import (
     fraction,
     workload_from_args,
 )
+from balanceroute.features.constants import MAX_WORKERS
 from balanceroute.features.files import output_folder
 from balanceroute.features.workload import load_workload
 from balanceroute.router.lab.ab import ABConfig, progress_printer

@@ -13,6 +13,7 @@ from balanceroute.cli.options import (
     workload_from_args,
 )
 from balanceroute.cli.train import add_key_arg, kinds
+from balanceroute.features.constants import DEFAULT_HORIZON
 from balanceroute.predict.model_store import DEFAULT_MODEL_NAME
 from balanceroute.training.evaluate import EvaluateConfig, metrics_table, run_evaluate
 from balanceroute.training.replay_scores import ReplayScoreConfig
@@ -33,7 +34,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="kind(s) to load by alias from the registered model (e.g. gbdt or survival,gbdt)",
     )
     p.add_argument("--model-name", default=DEFAULT_MODEL_NAME, help="registered model for aliases")
-    p.add_argument("--horizon", type=horizon_count, default=80, help="lookahead H in iterations")
+    p.add_argument(
+        "--horizon", type=horizon_count, default=DEFAULT_HORIZON, help="lookahead H in iterations"
+    )
     p.add_argument(
         "--warmup",
         action="store_true",

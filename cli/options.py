@@ -16,17 +16,15 @@ import types
 from collections.abc import Callable, Iterable
 from typing import Any, NoReturn, Union, get_args, get_origin, get_type_hints
 
+from balanceroute.features.constants import MAX_HORIZON, MAX_SLOTS, MAX_WORKERS
 from balanceroute.features.loaders import AUTO, FORMATS
 from balanceroute.features.synthetic import PRESETS
 from balanceroute.features.workload import WorkloadSpec
-from balanceroute.predict.base import MAX_HORIZON
 from balanceroute.router.lab.cost import COST_PRESETS, cost_preset
 from balanceroute.router.lab.prefill import PrefillConfig
 from balanceroute.router.policies.balance_config import BalanceRouteConfig
 
 MAX_INT = 2**31 - 1
-MAX_WORKERS = 4096
-MAX_SLOTS = 65_536
 
 
 def bounded_int(low: int, high: int) -> Callable[[str], int]:

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from balanceroute.cli.options import add_workload_args, horizon_count, workload_from_args
+from balanceroute.features.constants import DEFAULT_HORIZON
 from balanceroute.features.keys import AUTO_KEY, KEY_SOURCES
 from balanceroute.predict.model_store import DEFAULT_MODEL_NAME
 from balanceroute.training.tracking import DEFAULT_ESTIMATORS, DEFAULT_EXPERIMENT
@@ -32,7 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train, evaluate, track and register completion estimators")
     add_workload_args(p)
     add_key_arg(p)
-    p.add_argument("--horizon", type=horizon_count, default=80, help="lookahead H in iterations")
+    p.add_argument(
+        "--horizon", type=horizon_count, default=DEFAULT_HORIZON, help="lookahead H in iterations"
+    )
     p.add_argument(
         "--estimators",
         type=kinds,

@@ -22,11 +22,9 @@ from typing import Any, ClassVar, Self, get_args, get_origin, get_type_hints
 import numpy as np
 import pandas as pd
 
+from balanceroute.features.constants import DEFAULT_HORIZON, MAX_HORIZON
 from balanceroute.features.errors import UserError
 from balanceroute.features.limits import input_limits
-
-DEFAULT_HORIZON = 80
-MAX_HORIZON = 1024  # curves are (n, H + 1) arrays
 
 
 class Fitting(StrEnum):

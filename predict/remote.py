@@ -36,9 +36,9 @@ import numpy as np
 import orjson
 import pandas as pd
 
+from balanceroute.features.constants import DEFAULT_HORIZON
 from balanceroute.features.errors import UserError
 from balanceroute.predict.base import (
-    DEFAULT_HORIZON,
     CompletedBatch,
     CompletionEstimator,
     Prediction,
@@ -67,7 +67,7 @@ class RemoteEstimator(CompletionEstimator):
 
     ``token`` defaults to ``$BALANCEROUTE_API_TOKEN``; ``model`` selects an arm, alias or version
     of the service's loaded models (default: its arm ``a``); ``horizon`` defaults to the
-    fallback's (else 80) and is asked of the service, which answers for it or refuses.
+    fallback's (else ``DEFAULT_HORIZON``) and is asked of the service, which answers for it or refuses.
     """
 
     provides_survival = True

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from balanceroute.features.causal import CausalConfig
+from balanceroute.features.constants import DEFAULT_HORIZON
 from balanceroute.features.errors import UserError
 from balanceroute.features.files import write_text
 from balanceroute.features.keys import AUTO_KEY
@@ -46,7 +47,7 @@ class EvaluateConfig:
     model_uri: str | None = None
     kinds: tuple[str, ...] = ()
     model_name: str = DEFAULT_MODEL_NAME
-    horizon: int = 80
+    horizon: int = DEFAULT_HORIZON
     warmup: bool = False
     key: str = AUTO_KEY
     replay: ReplayScoreConfig = field(default_factory=ReplayScoreConfig)

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from balanceroute.features.causal import CausalConfig
+from balanceroute.features.constants import DEFAULT_HORIZON
 from balanceroute.features.errors import UserError
 from balanceroute.features.files import write_text
 from balanceroute.features.keys import AUTO_KEY, check_key_source, resolve_key_source
@@ -65,7 +66,7 @@ class TrainConfig:
     """Everything ``train`` needs; written as config.json next to the artifacts."""
 
     workload: WorkloadSpec = field(default_factory=WorkloadSpec)
-    horizon: int = 80
+    horizon: int = DEFAULT_HORIZON
     estimators: tuple[str, ...] = DEFAULT_ESTIMATORS
     key: str = AUTO_KEY
     experiment: str = DEFAULT_EXPERIMENT

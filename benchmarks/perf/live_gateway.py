@@ -43,6 +43,7 @@ import httpx
 import numpy as np
 import pandas as pd
 
+from balanceroute.features.constants import DEFAULT_HORIZON
 from balanceroute.features.prompts import PROMPT_KEY_TOKENS, build_prompt, prompt_key_of
 from balanceroute.features.schema import hash_keys, to_arrays
 from balanceroute.features.trace_io import write_trace
@@ -350,7 +351,9 @@ def fit_models(train: pd.DataFrame, out: Path) -> dict[str, str]:
     out.mkdir(parents=True, exist_ok=True)
     files = {}
     for kind in LEARNED:
-        est = build_estimator(EstimatorSpec(kind), history=with_live_keys(train), horizon=80)
+        est = build_estimator(
+            EstimatorSpec(kind), history=with_live_keys(train), horizon=DEFAULT_HORIZON
+        )
         files[kind] = str(save_estimator(est, out / f"{kind}.joblib"))
     return files
 

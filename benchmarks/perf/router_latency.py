@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from balanceroute.features.constants import DEFAULT_HORIZON
 from balanceroute.features.loaders import load_trace
 from balanceroute.features.schema import to_arrays
 from balanceroute.features.split import time_split
@@ -82,7 +83,9 @@ def fitted_estimators(history, arms):
     for a in arms:
         spec = RouterSpec.parse(arm_spec(a))
         if spec.estimator is not None and spec.estimator.needs_history:
-            out[a] = build_estimator(spec.estimator, history=history, horizon=spec.horizon or 80)
+            out[a] = build_estimator(
+                spec.estimator, history=history, horizon=spec.horizon or DEFAULT_HORIZON
+            )
     return out
 
 
@@ -92,7 +95,7 @@ def run_arm(name, rq, frame, workers, slots, fitted):
     if name in fitted:
         est = copy.deepcopy(fitted[name])  # online updates must not leak between runs
     elif spec.estimator is not None:
-        est = build_estimator(spec.estimator, replay=frame, horizon=spec.horizon or 80)
+        est = build_estimator(spec.estimator, replay=frame, horizon=spec.horizon or DEFAULT_HORIZON)
     policy = spec.build_policy(est)
     res = simulate(rq, policy, SimConfig(workers=workers, slots=slots, record_loads=False))
     us = res.router_ns[1:] / 1e3  # the first call loads compiled kernels

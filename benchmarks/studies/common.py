@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 from joblib import Parallel, delayed
 
+from balanceroute.features.constants import DEFAULT_HORIZON
 from balanceroute.features.files import jsonable
 from balanceroute.features.loaders import load_trace
 from balanceroute.features.synthetic import generate
@@ -95,7 +96,7 @@ def run_point(point: Point) -> dict[str, Any]:
     router = RouterSpec(point.router, est_spec, dict(point.options))
     est = None
     if est_spec is not None:
-        horizon = max(1, router.horizon if router.horizon is not None else 80)
+        horizon = max(1, router.horizon if router.horizon is not None else DEFAULT_HORIZON)
         est = build_estimator(est_spec, history=frame, replay=frame, horizon=horizon)
     spec = ReplaySpec(
         router=router,

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from balanceroute.features.constants import DEFAULT_HORIZON
 from balanceroute.features.loaders import load_trace
 from balanceroute.predict.base import RunningBatch
 from balanceroute.predict.registry import make_estimator
@@ -153,7 +154,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     default = Path(__file__).resolve().parents[3] / "shared" / "data"
     parser.add_argument("--data", type=Path, default=default, help="folder of the shared traces")
-    parser.add_argument("--horizon", type=int, default=80)
+    parser.add_argument("--horizon", type=int, default=DEFAULT_HORIZON)
     parser.add_argument("--variants", action="store_true", help="also the older comparisons")
     args = parser.parse_args()
     print(json.dumps(run(args.data, args.horizon, args.variants), indent=2))

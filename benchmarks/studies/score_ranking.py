@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import spearmanr
 
+from balanceroute.features.constants import DEFAULT_HORIZON
 from balanceroute.features.workload import WorkloadSpec, load_workload
 from balanceroute.predict.factory import EstimatorSpec, build_estimator
 from balanceroute.predict.no_prediction import NoPrediction
@@ -44,7 +45,7 @@ from balanceroute.training.recommend import RANKING_SCORES, REFERENCE, SCORE_SIG
 from balanceroute.training.replay_scores import ReplayScoreConfig, replay_scores
 
 KINDS = ("survival", "exactmatch", "gbdt", "hazard")
-HORIZON = 80
+HORIZON = DEFAULT_HORIZON
 WITHIN = 0.02
 SHARED = {
     "azure": "azure_llm_2023_conv.csv",

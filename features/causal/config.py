@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from balanceroute.features.constants import DEFAULT_HORIZON
 from balanceroute.features.schema import TraceArrays
 
 GLOBAL_FEATURES: tuple[str, ...] = (
@@ -40,7 +41,7 @@ class CausalConfig:
     ewma_halflives: tuple[int, ...] = (16, 256)  # in completions
     rate_window_s: float = 60.0  # seconds for the completion-rate statistic
     key_sources: tuple[str, ...] = ("exact-length", "hash")
-    horizon: int = 80  # H of the conditional finish features
+    horizon: int = DEFAULT_HORIZON  # H of the conditional finish features
     cond_windows: tuple[int, ...] = (1024,)  # shorter windows of the conditional features
     em_prior: float = 2.0  # pseudo-observations of the marginal in the shrunk key estimate
     feature_names: tuple[str, ...] = field(init=False)

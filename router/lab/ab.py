@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from balanceroute.features.constants import DEFAULT_HORIZON
 from balanceroute.features.errors import UserError
 from balanceroute.features.split import time_split
 from balanceroute.predict.base import CompletionEstimator, Fitting
@@ -50,7 +51,7 @@ class ABConfig:
     rate_scale: float = 1.0
     load: float | None = None
     cost: CostModel = field(default_factory=CostModel)
-    horizon: int = 80
+    horizon: int = DEFAULT_HORIZON
     reference: str | None = None
 
     def reference_arm(self) -> str:

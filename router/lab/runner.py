@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from balanceroute.features.constants import DEFAULT_HORIZON
 from balanceroute.features.errors import UserError
 from balanceroute.features.files import write_json
 from balanceroute.features.schema import to_arrays
@@ -213,7 +214,7 @@ def simulate_workload(
             est_spec,
             history=history,
             replay=frame,
-            horizon=max(1, 80 if horizon is None else horizon),
+            horizon=max(1, DEFAULT_HORIZON if horizon is None else horizon),
         )
     if remote is not None:
         preflight(remote.url)

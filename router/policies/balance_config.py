@@ -7,12 +7,12 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from balanceroute.features.constants import DEFAULT_HORIZON, MAX_HORIZON
 from balanceroute.features.errors import UserError
 
 PROJECTIONS = ("auto", "cutoff", "expected", "confident")
 GAMMA_MIN, GAMMA_MAX = 0.05, 0.995  # docs/design.md, "Short outputs"
 PENALTIES = ("sum", "max")
-MAX_HORIZON = 1024  # lookahead iterations: projections are (requests x H) arrays
 MAX_BETA = 1e6  # overflow penalty: scores stay far inside float64 at the largest loads
 MAX_WINDOW = 16_384
 
@@ -25,7 +25,7 @@ def _finite(value: float | None) -> bool:
 class BalanceRouteConfig:
     """Knobs of BR-0/BR-H. ``None`` for ``beta``/``s_greedy`` means ``G`` (number of workers)."""
 
-    horizon: int = field(default=80, metadata={"help": "lookahead H in iterations"})
+    horizon: int = field(default=DEFAULT_HORIZON, metadata={"help": "lookahead H in iterations"})
     beta: float | None = field(default=43.0, metadata={"help": "overflow penalty (None = G)"})
     gamma: float = field(
         default=0.9,
@@ -165,10 +165,10 @@ BRH_DEFAULTS = BalanceRouteConfig()
 # The paper's BR-H as published: (beta, gamma) = (14.67, 0.64), H = 80, predictions refreshed
 # every H iterations, stage 2 once free slots are few, no fairness guard, no do-no-harm guard.
 PAPER_BRH = BalanceRouteConfig(
-    horizon=80,
+    horizon=DEFAULT_HORIZON,
     beta=14.67,
     gamma=0.64,
-    refresh=80,
+    refresh=DEFAULT_HORIZON,
     s_greedy=None,
     refill=False,
     auto_gamma=None,

@@ -8,6 +8,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from balanceroute.features.constants import DEFAULT_HORIZON
 from balanceroute.predict.oracle import OracleEstimator
 from balanceroute.router.lab.simulator import SimConfig, simulate
 from balanceroute.router.policies.registry import policy_class, policy_names
@@ -42,7 +43,11 @@ def workloads(draw):
 def make(name, opts, oracle, fr):
     cls = policy_class(name)
     if name in ("br0", "brh"):
-        est = OracleEstimator(horizon=opts.get("horizon", 80)).fit(fr) if oracle else None
+        est = (
+            OracleEstimator(horizon=opts.get("horizon", DEFAULT_HORIZON)).fit(fr)
+            if oracle
+            else None
+        )
         return cls(estimator=est, **opts)
     return cls()
 

@@ -12,7 +12,7 @@ at 1.1x capacity, the others saturated only. Results are cached in ``--cache`` (
 Knobs: S_greedy, stage-1 window, R_max, the paper's beta/gamma grid (beta in {1, 24, 48, 96} at
 gamma 0.9; gamma in {0.5, 0.7, 0.9, 1.0} at beta 48), horizon, auto-gamma scale, refresh
 interval, cutoff vs expected projection, refill-aware projection, penalty on the max over the
-horizon, the fairness guard, and the predictor (oracle, noisy oracle, none).
+horizon, the fairness cap, and the predictor (oracle, noisy oracle, none).
 
     .venv/bin/python benchmarks/sensitivity.py [--repeats 3] [--jobs 2] [--quick]
 """

@@ -163,7 +163,7 @@ BR0_DEFAULTS = BalanceRouteConfig(
 )
 BRH_DEFAULTS = BalanceRouteConfig()
 # The paper's BR-H as published: (beta, gamma) = (14.67, 0.64), H = 80, predictions refreshed
-# every H iterations, stage 2 once free slots are few, no fairness guard, no do-no-harm guard.
+# every H iterations, stage 2 once free slots are few, no fairness cap, no do-no-harm guard.
 PAPER_BRH = BalanceRouteConfig(
     horizon=DEFAULT_HORIZON,
     beta=14.67,

@@ -2,7 +2,7 @@
 
 Within one routing step, with ``c_g`` free slots and ``S_tot = sum c_g``:
 
-1. *Guard*: requests overdue (overtaken too often, or waiting too long) are admitted first, in
+1. *Fairness cap*: requests overdue (overtaken too often, or waiting too long) are admitted first, in
    release order, each to the open worker where it scores best.
 2. *Stage 1*, while ``S_tot > S_greedy``: the worker with the most free slots (ties: smaller load)
    takes the single request of the pool's head window (``window`` requests) that scores best.
@@ -42,8 +42,8 @@ from balanceroute.router.policies.balance_config import (
 )
 from balanceroute.router.policies.guard import ProjectionGuard
 from balanceroute.router.policies.kernels import (
+    FAIRNESS,
     FALLBACK,
-    GUARD,
     STAGE1,
     STAGE2,
     br_step,
@@ -74,7 +74,7 @@ def confident_cutoff(
     return np.where(p >= confidence, np.clip(within, 1.0, horizon), float(horizon))
 
 
-def guarded(estimator: CompletionEstimator | None) -> bool:
+def guard_applies(estimator: CompletionEstimator | None) -> bool:
     """Whether the do-no-harm guard watches this estimator: deployable ones that predict
     something (the references and ``none`` are measured as they are)."""
     return estimator is not None and estimator.deployable and estimator.fitting is not Fitting.NONE
@@ -155,7 +155,7 @@ class BalanceRoutePolicy(Policy):
         self.refreshes = 0
         self.refill_prompt: float | None = None
         self.guard = None
-        if cfg.guard and cfg.horizon > 0 and guarded(self.estimator):
+        if cfg.guard and cfg.horizon > 0 and guard_applies(self.estimator):
             self.guard = ProjectionGuard(
                 g, cfg.horizon, g * ctx.slots, stride=cfg.guard_stride, memory=cfg.guard_memory
             )
@@ -228,7 +228,7 @@ class BalanceRoutePolicy(Policy):
     def run_stats(self) -> dict[str, Any]:
         c = self.counters.tolist()
         return {
-            "guard_admissions": c[GUARD],
+            "fairness_admissions": c[FAIRNESS],
             "stage1_admissions": c[STAGE1],
             "stage2_admissions": c[STAGE2],
             "fallback_singles": c[FALLBACK],
@@ -416,7 +416,7 @@ class BalanceRoutePolicy(Policy):
         )
 
     def _overdue(self, state: RouterState, cand: np.ndarray) -> np.ndarray:
-        """The fairness guard: candidates overtaken too often or waiting too long."""
+        """The fairness cap: candidates overtaken too often or waiting too long."""
         cfg, pool = self.config, state.pool
         out = np.zeros(cand.shape[0], dtype=np.bool_)
         if cfg.max_overtake is not None:

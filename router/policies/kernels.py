@@ -2,7 +2,7 @@
 
 The router runs inside every decode iteration, and a step makes a few admissions each needing
 a handful of tiny ``(H+1)``-vector operations: interpreted numpy spends microseconds per call on
-dispatch alone, so the whole step (guard, stage 1, stage 2 with the exact subset search) is one
+dispatch alone, so the whole step (fairness cap, stage 1, stage 2 with the exact subset search) is one
 compiled function. ``router.balance_route`` documents the algorithm; ``tests/router`` checks
 this kernel against a plain-Python reference implementation of the same rules.
 """
@@ -16,7 +16,7 @@ from balanceroute.predict.incremental import conditioned_loads
 from balanceroute.predict.projection import LoadProjection
 
 # indices into the stats counter array
-GUARD, STAGE1, STAGE2, FALLBACK = 0, 1, 2, 3
+FAIRNESS, STAGE1, STAGE2, FALLBACK = 0, 1, 2, 3
 
 
 @njit(cache=True, nogil=True)
@@ -119,7 +119,7 @@ def br_step(
     first = 0
     buf = np.empty(max(window, r_max), dtype=np.int64)
 
-    # guard: overdue requests first, in pool order, each where it scores best
+    # fairness cap: overdue requests first, in pool order, each where it scores best
     for i in range(n):
         if done == due:
             break
@@ -145,7 +145,7 @@ def br_step(
         out_i[done] = i
         out_g[done] = best_g
         done += 1
-        stats[GUARD] += 1
+        stats[FAIRNESS] += 1
 
     # stage 1: the worker with the most free slots takes the best single request of the window
     while done < due and total_free > s_greedy:

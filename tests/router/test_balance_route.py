@@ -1,4 +1,4 @@
-"""BR-0 / BR-H decisions on hand-built states: guard, KV capacity, stages, projections."""
+"""BR-0 / BR-H decisions on hand-built states: fairness cap, KV capacity, stages, projections."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def test_stage2_admits_a_subset_that_fills_the_margin():
     assert sorted(got) == [(0, 0), (2, 0)]
 
 
-def test_guard_admits_an_overdue_request_first():
+def test_fairness_cap_admits_an_overdue_request_first():
     state, table = make_state([0, 1000], [1, 0], [5000, 900], overtaken=[5, 0])
     assert decide(BR0Policy(max_overtake=5), state, table) == [(0, 0)]
     state, table = make_state([0, 1000], [1, 0], [5000, 900], overtaken=[4, 0])

@@ -89,6 +89,20 @@ class CompletedBatch:
     prompt_key: np.ndarray | None = None  # uint64 (n,)
     time_s: np.ndarray | None = None  # float64 (n,) finish times
 
+    @classmethod
+    def from_positions(
+        cls, table: Any, positions: np.ndarray, output_tokens: Any, finish_s: float
+    ) -> Self:
+        """The requests at ``positions`` of a request table (``prompt_tokens`` and
+        ``prompt_key`` arrays indexed by position) that finished together at ``finish_s``
+        after ``output_tokens`` tokens each."""
+        return cls(
+            prompt_tokens=table.prompt_tokens[positions],
+            output_tokens=np.asarray(output_tokens, dtype=np.int64),
+            prompt_key=table.prompt_key[positions],
+            time_s=np.full(positions.shape[0], float(finish_s)),
+        )
+
     @property
     def size(self) -> int:
         return int(self.output_tokens.shape[0])

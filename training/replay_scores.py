@@ -183,13 +183,7 @@ class StateSampler(Policy):
 
     def on_complete(self, positions, output_tokens, finish_s, iteration) -> None:
         self.inner.on_complete(positions, output_tokens, finish_s, iteration)
-        table = self.ctx.requests
-        done = CompletedBatch(
-            prompt_tokens=table.prompt_tokens[positions],
-            output_tokens=np.asarray(output_tokens, dtype=np.int64),
-            prompt_key=table.prompt_key[positions],
-            time_s=np.full(positions.shape[0], float(finish_s)),
-        )
+        done = CompletedBatch.from_positions(self.ctx.requests, positions, output_tokens, finish_s)
         for est in self.estimators.values():
             if est.learns_online:
                 est.observe(done)

@@ -184,12 +184,8 @@ class BalanceRoutePolicy(Policy):
                 iteration - np.asarray(output_tokens, dtype=np.int64),
             )
         if self.estimator is not None and self.config.horizon > 0 and self.estimator.learns_online:
-            table = self.ctx.requests
-            done = CompletedBatch(
-                prompt_tokens=table.prompt_tokens[positions],
-                output_tokens=np.asarray(output_tokens, dtype=np.int64),
-                prompt_key=table.prompt_key[positions],
-                time_s=np.full(positions.shape[0], float(finish_s)),
+            done = CompletedBatch.from_positions(
+                self.ctx.requests, positions, output_tokens, finish_s
             )
             if self.cache is None:
                 self.estimator.observe(done)

@@ -2,7 +2,9 @@
 
 - :func:`expected_calibration_error` is the one ECE definition (``training.metrics`` re-exports it);
 - :func:`fit_platt` fits ``p = sigmoid(a * logit(raw) + b)`` by weighted Newton steps, optionally
-  pulled toward prior parameters;
+  pulled toward prior parameters; :func:`platt_scaled` applies it;
+- :func:`fit_platt_online` fits it on a held-out slice together with the online recalibrator
+  that starts from it (``gbdt`` and ``hazard`` both calibrate this way);
 - :class:`OnlineRecalibrator` refits Platt's two parameters on a bounded window of recent
   (score, outcome) pairs, with a fixed sample of the training calibration slice as a prior, so a
   served model follows drift in how often requests finish without retraining the boosters;
@@ -138,8 +140,37 @@ class OnlineRecalibrator:
         self.params = fit_platt(zz, yy, ww, start=self.params, steps=4)
 
     def __call__(self, z: np.ndarray) -> np.ndarray:
-        a, b = self.params
-        return sigmoid(a * z + b)
+        return platt_scaled(z, self.params)
+
+
+def platt_scaled(
+    z: np.ndarray, params: tuple[float, float], online: OnlineRecalibrator | None = None
+) -> np.ndarray:
+    """``sigmoid(a * z + b)`` of logit scores ``z``: with the ``online`` recalibrator's
+    current parameters when one is given, else with the static ``params``."""
+    a, b = params if online is None else online.params
+    return sigmoid(a * z + b)
+
+
+def fit_platt_online(
+    z: np.ndarray,
+    y: np.ndarray,
+    w: np.ndarray,
+    *,
+    seed: int | None,
+    prior_sample: int,
+    window: int,
+    prior_weight: float,
+) -> tuple[tuple[float, float], OnlineRecalibrator]:
+    """Platt parameters fitted on a held-out slice of (logit score, outcome, weight), and the
+    online recalibrator that starts from them, with ``prior_sample`` rows of the slice (drawn
+    with ``seed``) as its prior."""
+    platt = fit_platt(z, y, w)
+    take = np.random.default_rng(seed).permutation(z.size)[:prior_sample]
+    online = OnlineRecalibrator(
+        platt, z[take], y[take], w[take], window=window, prior_weight=prior_weight
+    )
+    return platt, online
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,10 +52,10 @@ from balanceroute.predict.base import (
     RunningBatch,
 )
 from balanceroute.predict.calibration import (
-    OnlineRecalibrator,
     expected_calibration_error,
-    fit_platt,
+    fit_platt_online,
     logit,
+    platt_scaled,
     recalibration_snapshots,
     sigmoid,
 )
@@ -194,21 +194,19 @@ class GBDTEstimator(LearnedEstimator):
         raw = sigmoid(self.forests_[0].raw(x))
         iso = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip")
         iso.fit(raw, y, sample_weight=w)
-        z = logit(raw)
-        platt = fit_platt(z, y, w)
+        platt, self.recalibrator_ = fit_platt_online(
+            logit(raw),
+            y,
+            w,
+            seed=self.seed,
+            prior_sample=PRIOR_SAMPLE,
+            window=self.recal_window,
+            prior_weight=self.recal_prior,
+        )
         self.calibrators_ = {
             "isotonic": (iso.X_thresholds_.copy(), iso.y_thresholds_.copy()),
             "platt": platt,
         }
-        take = np.random.default_rng(self.seed).permutation(z.size)[:PRIOR_SAMPLE]
-        self.recalibrator_ = OnlineRecalibrator(
-            platt,
-            z[take],
-            y[take],
-            w[take],
-            window=self.recal_window,
-            prior_weight=self.recal_prior,
-        )
         self.calibration_report_ = {
             f"calib_ece_{name}": expected_calibration_error(self._calibrate(raw, name), y, weight=w)
             for name in CALIBRATIONS
@@ -220,10 +218,8 @@ class GBDTEstimator(LearnedEstimator):
             xs, ys = self.calibrators_["isotonic"]
             return np.interp(raw, xs, ys)
         if how == "platt":
-            if online and self.recalibrate:
-                return self.recalibrator_(logit(raw))
-            a, b = self.calibrators_["platt"]
-            return sigmoid(a * logit(raw) + b)
+            recalibrator = self.recalibrator_ if online and self.recalibrate else None
+            return platt_scaled(logit(raw), self.calibrators_["platt"], recalibrator)
         return raw
 
     def _recalibrate(self, done: CompletedBatch) -> None:

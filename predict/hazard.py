@@ -54,10 +54,10 @@ from balanceroute.predict.base import (
     from_survival,
 )
 from balanceroute.predict.calibration import (
-    OnlineRecalibrator,
     expected_calibration_error,
-    fit_platt,
+    fit_platt_online,
     logit,
+    platt_scaled,
     recalibration_snapshots,
     sigmoid,
 )
@@ -197,21 +197,19 @@ class HazardEstimator(LearnedEstimator):
     def _fit_calibrator(self, z: np.ndarray, y: np.ndarray, w: np.ndarray) -> None:
         """Platt scaling of the per-bin hazard on the held-out rows, and its online twin."""
         raw = logit(sigmoid(self.forest_.raw(z)))
-        platt = fit_platt(raw, y, w)
-        take = np.random.default_rng(self.seed).permutation(raw.size)[:PRIOR_SAMPLE]
-        self.recalibrator_ = OnlineRecalibrator(
-            platt,
-            raw[take],
-            y[take],
-            w[take],
+        self.platt_, self.recalibrator_ = fit_platt_online(
+            raw,
+            y,
+            w,
+            seed=self.seed,
+            prior_sample=PRIOR_SAMPLE,
             window=self.recal_window,
             prior_weight=self.recal_prior,
         )
-        self.platt_ = platt
-        a, b = platt
+        platt = platt_scaled(raw, self.platt_)
         self.calibration_report_ = {
             "calib_ece_none": expected_calibration_error(sigmoid(raw), y, weight=w),
-            "calib_ece_platt": expected_calibration_error(sigmoid(a * raw + b), y, weight=w),
+            "calib_ece_platt": expected_calibration_error(platt, y, weight=w),
         }
 
     def _score(
@@ -232,11 +230,7 @@ class HazardEstimator(LearnedEstimator):
         age = np.asarray(batch.age, dtype=np.int64)
         prompts = np.asarray(batch.prompt_tokens, dtype=np.int64)
         raw = self._score(batch.time_s, prompts, age, batch.prompt_key)
-        if self.recalibrate:
-            hz = self.recalibrator_(raw)
-        else:
-            a, b = self.platt_
-            hz = sigmoid(a * raw + b)
+        hz = platt_scaled(raw, self.platt_, self.recalibrator_ if self.recalibrate else None)
         return hz.reshape(age.shape[0], self.ends_.size)
 
     def predict(self, batch: RunningBatch, *, survival: bool = False) -> Prediction:

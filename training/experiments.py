@@ -15,9 +15,10 @@ from typing import Any
 
 import pandas as pd
 
-from balanceroute.predict.model_store import setup_mlflow
 from balanceroute.router.lab.ab import METRICS, ABConfig, run_ab
 from balanceroute.router.lab.ab_outputs import ABResults, write_ab_results
+from balanceroute.router.policies.specs import RouterSpec
+from balanceroute.training.tracking import ChildRun, log_parent_with_children
 
 EXPERIMENT = "balanceroute-ab"
 
@@ -57,49 +58,47 @@ def run_ab_experiment(
 
 def log_ab(results: ABResults, raw: dict[str, Any], cfg: ABConfig, out: Path) -> str:
     """Parent run (config, report, plots, summary) with a child run per arm; returns its id."""
-    setup_mlflow(EXPERIMENT)
-    import mlflow
-
     summary = results.summary
     info = raw["info"]
-    with mlflow.start_run(run_name=f"ab-{out.name}") as parent:
-        mlflow.log_params(
-            {
-                "arms": ",".join(a.label for a in cfg.arms)[:500],
-                "workers": ",".join(map(str, cfg.workers)),
-                "slots": cfg.slots,
-                "repeats": len(info["windows"]),
-                "saturate": cfg.saturate,
-                "load": cfg.load,
-                "rate_scale": cfg.rate_scale,
-                "reference": summary["reference"],
-                "workload": summary["config"]["workload_text"][:500],
-            }
-        )
-        mlflow.set_tag("workload_sha256", str(summary["config"]["workload"].get("sha256")))
-        for path in results.files:
-            folder = "plots" if path.suffix == ".png" else None
-            mlflow.log_artifact(str(path), artifact_path=folder)
-        for arm in cfg.arms:
-            stats = summary["arms"][arm.label]
-            est = arm.estimator
-            with mlflow.start_run(run_name=arm.label, nested=True):
-                mlflow.log_params(
-                    {
-                        "arm": arm.label,
-                        "router": arm.router,
-                        "estimator": None if est is None else est.kind,
-                        "model_uri": None if est is None else est.model_uri,
-                        **{f"option.{k}": v for k, v in arm.options.items()},
-                    }
-                )
-                reg = info.get("loaded_from_registry", {}).get(arm.label)
-                if reg:
-                    mlflow.set_tag("model_version", str(reg["version"]))
-                if arm.label in info.get("trained_on_the_fly", {}):
-                    mlflow.set_tag("estimator_source", "trained on the fly")
-                metrics = {m: stats[m] for m in METRICS if stats.get(m) is not None}
-                ratio = stats.get("ratio_to_reference", {})
-                metrics.update({f"{m}_ratio": v["mean"] for m, v in ratio.items()})
-                mlflow.log_metrics({k: float(v) for k, v in metrics.items()})
-        return parent.info.run_id
+    params = {
+        "arms": ",".join(a.label for a in cfg.arms)[:500],
+        "workers": ",".join(map(str, cfg.workers)),
+        "slots": cfg.slots,
+        "repeats": len(info["windows"]),
+        "saturate": cfg.saturate,
+        "load": cfg.load,
+        "rate_scale": cfg.rate_scale,
+        "reference": summary["reference"],
+        "workload": summary["config"]["workload_text"][:500],
+    }
+    return log_parent_with_children(
+        EXPERIMENT,
+        f"ab-{out.name}",
+        params,
+        (arm_run(arm, summary["arms"][arm.label], info) for arm in cfg.arms),
+        tags={"workload_sha256": str(summary["config"]["workload"].get("sha256"))},
+        artifacts=[(p, "plots" if p.suffix == ".png" else None) for p in results.files],
+    )
+
+
+def arm_run(arm: RouterSpec, stats: dict[str, Any], info: dict[str, Any]) -> ChildRun:
+    """One arm's child run: its router and estimator, where the model came from, its metrics
+    and their ratios to the reference arm."""
+    est = arm.estimator
+    params = {
+        "arm": arm.label,
+        "router": arm.router,
+        "estimator": None if est is None else est.kind,
+        "model_uri": None if est is None else est.model_uri,
+        **{f"option.{k}": v for k, v in arm.options.items()},
+    }
+    tags = {}
+    reg = info.get("loaded_from_registry", {}).get(arm.label)
+    if reg:
+        tags["model_version"] = str(reg["version"])
+    if arm.label in info.get("trained_on_the_fly", {}):
+        tags["estimator_source"] = "trained on the fly"
+    metrics = {m: stats[m] for m in METRICS if stats.get(m) is not None}
+    ratio = stats.get("ratio_to_reference", {})
+    metrics.update({f"{m}_ratio": v["mean"] for m, v in ratio.items()})
+    return ChildRun(arm.label, params, metrics, tags)

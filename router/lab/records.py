@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from balanceroute.features.files import atomic_output
+from balanceroute.features.files import write_parquet
 from balanceroute.router.lab.metrics import queue_delay_s, tpot_s
 from balanceroute.router.lab.simulator import SimResult
 
@@ -53,5 +53,4 @@ def write_records(result: SimResult, out: Path) -> None:
         ("iterations", iteration_frame(result)),
         ("requests", request_frame(result)),
     ):
-        with atomic_output(out / f"{name}.parquet") as tmp:
-            frame.to_parquet(tmp, index=False)
+        write_parquet(out / f"{name}.parquet", frame)

@@ -273,13 +273,12 @@ def test_disk_errors_while_writing_are_one_line_and_leave_nothing(
 ) -> None:
     """A full disk (ENOSPC while the result is written) names the file; no ``*.tmp`` stays."""
     import errno
-
-    import pandas as pd
+    import os
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(pd.DataFrame, "to_parquet", full)
+    monkeypatch.setattr(os, "fsync", full)  # the first result flushed to disk is a Parquet file
     code, err = _run([*SIM[:-1], "sim"], workdir, capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert "No space left" in err and "parquet" in err

@@ -195,6 +195,25 @@ class OnlineHistory:
         for e in self.ewma:
             x[:, col] = e
             col += 1
+        col = self._global_columns(x, col, time_s)
+        queries = {
+            src: np.ascontiguousarray(derive_keys(src, prompt_tokens, prompt_key))
+            for src in cfg.key_sources
+        }
+        bases = {src: key_base(q) for src, q in queries.items()}
+        col = self._key_columns(x, col, queries, a, time_s)
+        col = self._conditional_columns(x, col, queries, bases, a)
+        for src in cfg.conversation_sources:
+            last_prompt, last_out = self.tables[(src, cfg.window)].last_of(queries[src])
+            for c in conversation_columns(np.asarray(prompt_tokens), last_prompt, last_out):
+                x[:, col] = c
+                col += 1
+        return x
+
+    def _global_columns(self, x: np.ndarray, col: int, time_s: float | None) -> int:
+        """The statistics of the recent completions and the completion rate, the same in every
+        row, from column ``col``; returns the next column."""
+        cfg = self.cfg
         rec = ring_latest(self.total, min(self.size, cfg.recent), cfg.window)
         o, i = self.out[rec], self.inp[rec]
         glob = global_stat_columns(
@@ -212,14 +231,21 @@ class OnlineHistory:
         for value in (*(float(g[0]) for g in glob), rate):
             x[:, col] = value
             col += 1
-        queries = {
-            src: np.ascontiguousarray(derive_keys(src, prompt_tokens, prompt_key))
-            for src in cfg.key_sources
-        }
-        bases = {src: key_base(q) for src, q in queries.items()}
-        # rows in key (and age) order: neighbouring searches share their path (cache, branches)
+        return col
+
+    def _key_columns(
+        self,
+        x: np.ndarray,
+        col: int,
+        queries: dict[str, np.ndarray],
+        a: np.ndarray,
+        time_s: float | None,
+    ) -> int:
+        """Six per-key columns per (key source, window) table, then one time-since-last-seen
+        column per key source, from column ``col``; returns the next column."""
+        cfg = self.cfg
+        # rows in key order: neighbouring searches share their path (cache, branches)
         by_key = {src: np.argsort(q, kind="stable") for src, q in queries.items()}
-        by_key_age = {src: np.argsort(b | a.astype(np.uint64)) for src, b in bases.items()}
         now = np.nan if time_s is None else float(time_s)
         since_col = {
             src: col + 6 * len(cfg.key_tables) + j for j, src in enumerate(cfg.key_sources)
@@ -241,7 +267,21 @@ class OnlineHistory:
                 since_col[src] if win == cfg.window else -1,
             )
             col += 6
-        col += len(cfg.key_sources)
+        return col + len(cfg.key_sources)
+
+    def _conditional_columns(
+        self,
+        x: np.ndarray,
+        col: int,
+        queries: dict[str, np.ndarray],
+        bases: dict[str, np.ndarray],
+        a: np.ndarray,
+    ) -> int:
+        """The conditional finish columns over the horizon per window: the marginal's, then
+        each key source's, from column ``col``; returns the next column."""
+        cfg = self.cfg
+        # rows in key and age order: neighbouring searches share their path
+        by_key_age = {src: np.argsort(b | a.astype(np.uint64)) for src, b in bases.items()}
         h = int(cfg.horizon)
         for win in cfg.cond_tables:
             mc = self.marginal[win]
@@ -267,12 +307,7 @@ class OnlineHistory:
                     col,
                 )
                 col += len(COND_STATS) + len(EM_STATS)
-        for src in cfg.conversation_sources:
-            last_prompt, last_out = self.tables[(src, cfg.window)].last_of(queries[src])
-            for c in conversation_columns(np.asarray(prompt_tokens), last_prompt, last_out):
-                x[:, col] = c
-                col += 1
-        return x
+        return col
 
     def period_features(
         self,

@@ -268,17 +268,11 @@ class DecodeSimulator:
         cfg = self.config
         rq = self.requests
         n, g_count, b_slots = rq.size, cfg.workers, cfg.slots
-        prompts, outputs, rel = rq.prompt_tokens, rq.output_tokens, rq.release_s
-        cost: CostModel = cfg.cost
-        t_fixed = cost.t_fixed_s + cost.t_comm_s
-        t_token = cost.t_token_s
-        policy = self.policy
-        policy.reset(RunContext(g_count, b_slots, rq.table, seed=cfg.seed))
-        self.maximal = maximal = bool(policy.maximal)
-
-        self.slot_req = np.full((g_count, b_slots), -1, dtype=np.int64)
-        self.free_stack = [list(range(b_slots - 1, -1, -1)) for _ in range(g_count)]
-        self.pool = pool = _SimPool(self)
+        rel = rq.release_s
+        t_fixed = cfg.cost.t_fixed_s + cfg.cost.t_comm_s
+        t_token = cfg.cost.t_token_s
+        self._reset()
+        pool, maximal = self.pool, self.maximal
         # Per-worker state as plain lists: at G = 8 a list op costs a tenth of a numpy call.
         loads = [0] * g_count
         active = [0] * g_count
@@ -292,81 +286,35 @@ class DecodeSimulator:
         n_active = 0
         n_free = g_count * b_slots
         next_rel = float(rel[0]) if n else np.inf
-        progress = _progress(cfg.progress, n, policy.name)
+        progress = _progress(cfg.progress, n, self.policy.name)
         wall0 = time.perf_counter()
-        validate = cfg.validate
-        on_complete = policy.on_complete
-        route = policy.route
-        worker_of, slot_of, slot_req, stacks = (
-            self.worker_of,
-            self.slot_of,
-            self.slot_req,
-            self.free_stack,
-        )
 
         while done < n:
             k = self.k
             if k >= cfg.max_iterations:
                 raise RuntimeError(f"simulation exceeded {cfg.max_iterations} iterations")
             if heap and heap[0][0] == k:
-                fin = []
-                while heap and heap[0][0] == k:
-                    i = heapq.heappop(heap)[1]
-                    fin.append(i)
-                    g = int(worker_of[i])
-                    b = int(slot_of[i])
-                    slot_req[g, b] = -1
-                    stacks[g].append(b)
-                    loads[g] -= int(prompts[i]) + int(outputs[i]) - 1
-                    active[g] -= 1
-                    free[g] += 1
-                done += len(fin)
-                n_active -= len(fin)
-                n_free += len(fin)
-                fin_arr = np.asarray(fin, dtype=np.int64)
-                t0 = time.perf_counter_ns()
-                on_complete(fin_arr, outputs[fin_arr], self.clock, k)
-                hook_ns += time.perf_counter_ns() - t0
+                finished, ns = self._complete(heap, loads, active, free)
+                hook_ns += ns
+                done += finished
+                n_active -= finished
+                n_free += finished
                 if progress is not None:
-                    progress.update(len(fin))
+                    progress.update(finished)
             loads = [x + a for x, a in zip(loads, active, strict=True)]
             if next_rel <= self.clock:
-                new = int(np.searchsorted(rel, self.clock, side="right"))
-                self.release_iter[self.released : new] = k
-                pool.size += new - self.released
-                self.released = new
-                next_rel = float(rel[new]) if new < n else np.inf
+                next_rel = self._release()
             if n_active == 0 and pool.size == 0:
                 if self.released >= n:
                     break
                 self.clock = max(self.clock, next_rel)
                 continue
             if pool.size > 0 and n_free > 0:
-                due = min(pool.size, n_free)
-                state = RouterState(
-                    iteration=k,
-                    time_s=self.clock,
-                    loads=np.array(loads, dtype=np.float64),
-                    free_slots=np.array(free, dtype=np.int64),
-                    active=np.array(active, dtype=np.int64),
-                    pool=pool,
-                    requests=rq.table,
-                    running_source=self.running,
-                )
-                t0 = time.perf_counter_ns()
-                adm = route(state)
-                router_ns.append(time.perf_counter_ns() - t0 + hook_ns)
+                admitted, ns = self._route(loads, active, free, heap, n_free, n_active)
+                router_ns.append(ns + hook_ns)
                 hook_ns = 0
-                pos = adm.positions.tolist()
-                wk = adm.workers.tolist()
-                if validate:
-                    self._validate(pos, wk, due, free)
-                if pos:
-                    self._apply(adm.positions, pos, wk, loads, active, free, heap)
-                    n_active += len(pos)
-                    n_free -= len(pos)
-                elif n_active == 0:
-                    raise self._violation("admitted nothing into an empty tier: it would never run")
+                n_active += admitted
+                n_free -= admitted
             j = rec.j
             rec.buf[j] = loads
             rec.wait[j] = pool.size
@@ -385,26 +333,104 @@ class DecodeSimulator:
                     next_rel = float(rel[self.released]) if self.released < n else np.inf
         if progress is not None:
             progress.close()
+        return self._result(rec, router_ns, time.perf_counter() - wall0)
+
+    def _reset(self) -> None:
+        """The policy told about the run; every slot of every worker free, the pool empty."""
+        cfg = self.config
+        g_count, b_slots = cfg.workers, cfg.slots
+        self.policy.reset(RunContext(g_count, b_slots, self.requests.table, seed=cfg.seed))
+        self.maximal = bool(self.policy.maximal)
+        self.slot_req = np.full((g_count, b_slots), -1, dtype=np.int64)
+        self.free_stack = [list(range(b_slots - 1, -1, -1)) for _ in range(g_count)]
+        self.pool = _SimPool(self)
+
+    def _complete(self, heap, loads, active, free) -> tuple[int, int]:
+        """Free the slots of the requests that finish at this iteration and tell the policy;
+        returns how many finished and the nanoseconds the policy's hook took."""
+        k = self.k
+        prompts, outputs = self.requests.prompt_tokens, self.requests.output_tokens
+        worker_of, slot_of, slot_req, stacks = (
+            self.worker_of,
+            self.slot_of,
+            self.slot_req,
+            self.free_stack,
+        )
+        fin = []
+        while heap and heap[0][0] == k:
+            i = heapq.heappop(heap)[1]
+            fin.append(i)
+            g = int(worker_of[i])
+            b = int(slot_of[i])
+            slot_req[g, b] = -1
+            stacks[g].append(b)
+            loads[g] -= int(prompts[i]) + int(outputs[i]) - 1
+            active[g] -= 1
+            free[g] += 1
+        fin_arr = np.asarray(fin, dtype=np.int64)
+        t0 = time.perf_counter_ns()
+        self.policy.on_complete(fin_arr, outputs[fin_arr], self.clock, k)
+        return len(fin), time.perf_counter_ns() - t0
+
+    def _release(self) -> float:
+        """Requests whose release time has come join the pool; returns the next release time."""
+        rel, n = self.requests.release_s, self.requests.size
+        new = int(np.searchsorted(rel, self.clock, side="right"))
+        self.release_iter[self.released : new] = self.k
+        self.pool.size += new - self.released
+        self.released = new
+        return float(rel[new]) if new < n else np.inf
+
+    def _route(self, loads, active, free, heap, n_free: int, n_active: int) -> tuple[int, int]:
+        """One routing call and its admissions applied; returns how many it admitted and the
+        nanoseconds the call took."""
+        pool = self.pool
+        due = min(pool.size, n_free)
+        state = RouterState(
+            iteration=self.k,
+            time_s=self.clock,
+            loads=np.array(loads, dtype=np.float64),
+            free_slots=np.array(free, dtype=np.int64),
+            active=np.array(active, dtype=np.int64),
+            pool=pool,
+            requests=self.requests.table,
+            running_source=self.running,
+        )
+        t0 = time.perf_counter_ns()
+        adm = self.policy.route(state)
+        ns = time.perf_counter_ns() - t0
+        pos = adm.positions.tolist()
+        wk = adm.workers.tolist()
+        if self.config.validate:
+            self._validate(pos, wk, due, free)
+        if pos:
+            self._apply(adm.positions, pos, wk, loads, active, free, heap)
+        elif n_active == 0:
+            raise self._violation("admitted nothing into an empty tier: it would never run")
+        return len(pos), ns
+
+    def _result(self, rec: _Recorder, router_ns: list[int], wall_s: float) -> SimResult:
+        rq = self.requests
         out = rec.result(self.clock)
         return SimResult(
-            config=cfg,
-            policy=policy.describe(),
+            config=self.config,
+            policy=self.policy.describe(),
             imbalance=out["imb"],
             max_load=out["mx"],
             total_load=out["tot"],
             waiting=out["wait"],
             t_start=out["start"],
             loads=out["loads"],
-            release_s=rel,
+            release_s=rq.release_s,
             admit_iter=self.admit_iter,
             worker=self.worker_of,
             overtaken=self.overtaken,
-            prompt_tokens=prompts,
-            output_tokens=outputs,
+            prompt_tokens=rq.prompt_tokens,
+            output_tokens=rq.output_tokens,
             trace_index=rq.table.trace_index,
             router_ns=np.asarray(router_ns, dtype=np.int64),
-            sim_wall_s=time.perf_counter() - wall0,
-            extras=dict(policy.run_stats()),
+            sim_wall_s=wall_s,
+            extras=dict(self.policy.run_stats()),
         )
 
     def _advance_span(self, span: int, loads, active, n_free: int, rec: _Recorder) -> None:

@@ -14,6 +14,7 @@ Variables: ``x_{jg}`` binary (request ``j`` to worker ``g``), ``M_h`` continuous
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -58,9 +59,6 @@ def solve_step(
     time_limit_s: float = 10.0,
 ) -> StepSolution:
     """Solve ``IO_H`` for one step: ``loads`` ``(G, H+1)``, ``free`` ``(G,)``, ``prompts`` ``(n,)``."""
-    from scipy.optimize import Bounds, LinearConstraint, milp
-    from scipy.sparse import coo_matrix, vstack
-
     loads = np.atleast_2d(np.asarray(loads, dtype=np.float64))
     if loads.shape[0] != np.asarray(free).shape[0]:
         loads = loads.T
@@ -78,10 +76,34 @@ def solve_step(
         )
     w = discount_weights(h1 - 1, gamma)
     hs = np.arange(h1, dtype=np.float64)
-    nx = n * g_count
     # objective: sum_h w_h (G M_h - sum_g L_gh - sum_{j,g} x_jg (s_j + h))
     c_x = -np.repeat(prompts * w.sum() + hs @ w, g_count)  # x index j * G + g
     c = np.concatenate((c_x, g_count * w))
+    a, lo_all, hi_all = _step_constraints(loads, free, prompts, due, kv_capacity)
+    res = _solve_admitting_most(
+        c, a, lo_all, hi_all, n, g_count, h1, due, kv_capacity, time_limit_s
+    )
+    x = np.round(res.x[: n * g_count]).reshape(n, g_count)
+    req, wk = np.nonzero(x > 0.5)
+    obj = step_objective(loads, prompts, req, wk, gamma)
+    return StepSolution(req.astype(np.int64), wk.astype(np.int64), obj, bool(res.status == 0))
+
+
+def _step_constraints(
+    loads: np.ndarray,
+    free: np.ndarray,
+    prompts: np.ndarray,
+    due: int,
+    kv_capacity: float | None,
+) -> tuple[Any, np.ndarray, np.ndarray]:
+    """The constraint rows of ``IO_H`` over ``x_{jg}`` then ``M_h``, and their bounds: each
+    request at most once, free slots per worker, ``due`` admissions (row ``n + G``), the max
+    at every ``h`` and, with a KV capacity, the capacity at every ``h``."""
+    from scipy.sparse import coo_matrix, vstack
+
+    g_count, h1 = loads.shape
+    n = prompts.shape[0]
+    nx = n * g_count
     rows = []
     lo, hi = [], []
     j_idx = np.repeat(np.arange(n), g_count)
@@ -111,8 +133,26 @@ def solve_step(
             rows.append(coo_matrix(((prompts[j_idx] + h), (g_idx, cols)), shape=(g_count, nx + h1)))
             lo.append(np.full(g_count, -np.inf))
             hi.append(kv_capacity - loads[:, h])
-    a = vstack(rows).tocsr()
-    lo_all, hi_all = np.concatenate(lo), np.concatenate(hi)
+    return vstack(rows).tocsr(), np.concatenate(lo), np.concatenate(hi)
+
+
+def _solve_admitting_most(
+    c: np.ndarray,
+    a: Any,
+    lo_all: np.ndarray,
+    hi_all: np.ndarray,
+    n: int,
+    g_count: int,
+    h1: int,
+    due: int,
+    kv_capacity: float | None,
+    time_limit_s: float,
+) -> Any:
+    """HiGHS on the MILP, admitting ``due`` requests; with a KV capacity the full ``due`` may
+    not fit, so one fewer each time until a step is feasible. Raises if none is."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+
+    nx = n * g_count
     integrality = np.concatenate((np.ones(nx), np.zeros(h1)))
     bounds = Bounds(
         np.concatenate((np.zeros(nx), np.full(h1, -np.inf))),
@@ -134,10 +174,7 @@ def solve_step(
         due -= 1
     if res.x is None:
         raise RuntimeError(f"MILP found no feasible step: {res.message}")
-    x = np.round(res.x[:nx]).reshape(n, g_count)
-    req, wk = np.nonzero(x > 0.5)
-    obj = step_objective(loads, prompts, req, wk, gamma)
-    return StepSolution(req.astype(np.int64), wk.astype(np.int64), obj, bool(res.status == 0))
+    return res
 
 
 def best_single(loads: np.ndarray, free: np.ndarray, prompts: np.ndarray) -> tuple[int, int]:

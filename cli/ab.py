@@ -7,6 +7,7 @@ import sys
 import time
 
 from balanceroute.cli.options import (
+    DEFAULT_TRAIN_FRACTION,
     add_tier_args,
     add_workload_args,
     bounded_int,
@@ -20,8 +21,6 @@ from balanceroute.features.workload import load_workload
 from balanceroute.router.lab.ab import ABConfig, progress_printer
 from balanceroute.router.policies.specs import parse_arms
 from balanceroute.training.experiments import EXPERIMENT, run_ab_experiment
-
-DEFAULT_TRAIN_FRACTION = 0.3
 
 
 def worker_counts(text: str) -> tuple[int, ...]:

@@ -25,6 +25,7 @@ from balanceroute.router.lab.prefill import PrefillConfig
 from balanceroute.router.policies.balance_config import BalanceRouteConfig
 
 MAX_INT = 2**31 - 1
+DEFAULT_TRAIN_FRACTION = 0.3  # earlier share of a trace that trains on-the-fly estimators
 
 
 def bounded_int(low: int, high: int) -> Callable[[str], int]:

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from balanceroute.cli.options import (
+    DEFAULT_TRAIN_FRACTION,
     add_alias,
     add_router_option_args,
     add_tier_args,
@@ -25,7 +26,6 @@ from balanceroute.router.lab.runner import RemoteSpec, ReplaySpec, simulate_work
 from balanceroute.router.policies.registry import policy_names
 from balanceroute.router.policies.specs import RouterSpec
 
-DEFAULT_TRAIN_FRACTION = 0.3
 SHOWN = (
     "mean_imbalance",
     "steady_mean_imbalance",

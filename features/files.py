@@ -80,6 +80,17 @@ def write_parquet(path: str | Path, table: Any) -> Path:
     return write_bytes(path, buf.getvalue().to_pybytes())
 
 
+def write_png(path: str | Path, fig: Any) -> Path:
+    """Lay out a matplotlib figure, write it to ``path`` as PNG atomically, and close it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    with atomic_output(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+    plt.close(fig)
+    return Path(path)
+
+
 def jsonable(obj: Any) -> Any:
     """numpy scalars and arrays as Python values; anything else as its string."""
     if hasattr(obj, "item"):

@@ -202,20 +202,21 @@ class Forest:
             hi = min(lo + step * 64, n)
             xs = np.ascontiguousarray(np.asarray(x_shared[lo:hi], dtype=np.float64).T)
             xr = np.ascontiguousarray(np.asarray(x_rows[lo * m : hi * m], dtype=np.float64).T)
-            out[lo * m : hi * m] = _grouped_mask_raw(
-                xs,
-                xr,
-                m,
-                step,
-                self.heap_feature,
-                self.heap_threshold,
-                self.heap_nan_right,
-                self.heap_leaf,
-                self.leaf_mask,
-                np.uint64(self.all_leaves),
-                _DEBRUIJN,
-            )
+            out[lo * m : hi * m] = _grouped_mask_raw(xs, xr, m, step, *self._mask_tables())
         return out
+
+    def _mask_tables(self) -> tuple:
+        """The trees as the bitmask scorers take them: heap-ordered nodes and leaves, the
+        leaves' masks, the all-leaves mask and the de Bruijn table."""
+        return (
+            self.heap_feature,
+            self.heap_threshold,
+            self.heap_nan_right,
+            self.heap_leaf,
+            self.leaf_mask,
+            np.uint64(self.all_leaves),
+            _DEBRUIJN,
+        )
 
     def raw(self, x: np.ndarray) -> np.ndarray:
         """Raw scores (sum of leaf values) of the rows of ``x``, single-threaded.
@@ -228,16 +229,7 @@ class Forest:
             out = np.empty(x.shape[0])
             for lo in range(0, x.shape[0], _MASK_CHUNK):
                 xt = np.ascontiguousarray(x[lo : lo + _MASK_CHUNK].T)
-                out[lo : lo + xt.shape[1]] = _mask_raw(
-                    xt,
-                    self.heap_feature,
-                    self.heap_threshold,
-                    self.heap_nan_right,
-                    self.heap_leaf,
-                    self.leaf_mask,
-                    np.uint64(self.all_leaves),
-                    _DEBRUIJN,
-                )
+                out[lo : lo + xt.shape[1]] = _mask_raw(xt, *self._mask_tables())
             return out
         x = np.ascontiguousarray(x, dtype=np.float64)
         if self.heap_leaf is not None:

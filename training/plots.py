@@ -10,7 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from balanceroute.features.files import atomic_output
+from balanceroute.features.files import write_png
 
 
 def reliability_plot(curves: dict[str, dict[str, list[float]]], path: Path) -> Path:
@@ -28,11 +28,7 @@ def reliability_plot(curves: dict[str, dict[str, list[float]]], path: Path) -> P
     ax.set_ylabel("observed frequency")
     ax.set_title("Reliability diagram")
     ax.legend()
-    fig.tight_layout()
-    with atomic_output(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
-    return path
+    return write_png(path, fig)
 
 
 def brier_by_age_plot(by_age: dict[str, dict[str, dict[str, Any]]], path: Path) -> Path:
@@ -45,8 +41,4 @@ def brier_by_age_plot(by_age: dict[str, dict[str, dict[str, Any]]], path: Path) 
     ax.set_ylabel("Brier score")
     ax.set_title("Brier score by age")
     ax.legend()
-    fig.tight_layout()
-    with atomic_output(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
-    return path
+    return write_png(path, fig)

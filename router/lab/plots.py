@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from balanceroute.features.files import atomic_output
+from balanceroute.features.files import write_png
 
 
 def _plt():
@@ -19,16 +19,21 @@ def _plt():
     return plt
 
 
+def first_repeat(raw: dict[str, Any], label: str, workers: int) -> dict[str, Any]:
+    """The replay task of arm ``label`` at ``workers`` workers, first repeat."""
+    return next(
+        x
+        for x in raw["tasks"]
+        if x["arm"] == label and x["workers"] == workers and x["repeat"] == 0
+    )
+
+
 def trajectories(raw: dict[str, Any], arms: list[str], workers: int, path: Path) -> Path:
     """Per-worker KV load over a 1,500-iteration steady window, one panel per arm."""
     plt = _plt()
     fig, axes = plt.subplots(len(arms), 1, figsize=(10, 3.2 * len(arms)), squeeze=False)
     for ax, label in zip(axes[:, 0], arms, strict=True):
-        t = next(
-            x
-            for x in raw["tasks"]
-            if x["arm"] == label and x["workers"] == workers and x["repeat"] == 0
-        )
+        t = first_repeat(raw, label, workers)
         loads = np.asarray(t["trajectory"]["loads"])
         xs = t["trajectory"]["start"] + np.arange(loads.shape[0])
         for g in range(loads.shape[1]):
@@ -36,11 +41,7 @@ def trajectories(raw: dict[str, Any], arms: list[str], workers: int, path: Path)
         ax.set_title(f"{label}: KV tokens per worker (G = {workers})")
         ax.set_xlabel("iteration")
         ax.set_ylabel("KV tokens")
-    fig.tight_layout()
-    with atomic_output(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
-    return path
+    return write_png(path, fig)
 
 
 def imbalance_distribution(raw: dict[str, Any], arms: list[str], workers: int, path: Path) -> Path:
@@ -48,22 +49,14 @@ def imbalance_distribution(raw: dict[str, Any], arms: list[str], workers: int, p
     plt = _plt()
     data = []
     for label in arms:
-        t = next(
-            x
-            for x in raw["tasks"]
-            if x["arm"] == label and x["workers"] == workers and x["repeat"] == 0
-        )
+        t = first_repeat(raw, label, workers)
         data.append(np.asarray(t["imbalance_sample"]))
     fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(arms)), 4))
     ax.boxplot(data, showfliers=False)
     ax.set_xticks(range(1, len(arms) + 1), arms, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("imbalance I(k), tokens")
     ax.set_title(f"Steady-state imbalance per iteration (G = {workers})")
-    fig.tight_layout()
-    with atomic_output(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
-    return path
+    return write_png(path, fig)
 
 
 def scaling(agg: dict[str, Any], arms: list[str], workers: tuple[int, ...], path: Path) -> Path:
@@ -82,8 +75,4 @@ def scaling(agg: dict[str, Any], arms: list[str], workers: tuple[int, ...], path
     a2.set_ylabel("steady mean imbalance")
     a2.set_yscale("log")
     a1.legend(fontsize=7)
-    fig.tight_layout()
-    with atomic_output(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
-    return path
+    return write_png(path, fig)

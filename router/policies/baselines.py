@@ -85,17 +85,26 @@ def sampled_assign(
     return out
 
 
-class RandomPolicy(FCFSPolicy):
-    """Uniform among workers with a free slot."""
+class SampledPolicy(FCFSPolicy):
+    """Each request samples ``samples`` open workers uniformly (seeded) and joins the sampled
+    one with the fewest active requests (:func:`sampled_assign`)."""
 
-    name = "random"
+    samples: ClassVar[int] = 1
 
     def reset(self, ctx: RunContext) -> None:
         super().reset(ctx)
         self.rng = np.random.default_rng(ctx.seed)
 
     def assign(self, count, free, active, loads, prompts) -> list[int]:
-        return sampled_assign(count, free, active, self.rng.random((count, 1)).tolist())
+        draws = self.rng.random((count, self.samples)).tolist()
+        return sampled_assign(count, free, active, draws)
+
+
+class RandomPolicy(SampledPolicy):
+    """Uniform among workers with a free slot."""
+
+    name = "random"
+    samples = 1
 
 
 class RoundRobinPolicy(FCFSPolicy):
@@ -121,17 +130,11 @@ class RoundRobinPolicy(FCFSPolicy):
         return out
 
 
-class PowerOfTwoPolicy(FCFSPolicy):
+class PowerOfTwoPolicy(SampledPolicy):
     """Two uniform samples (with replacement) among open workers; the one with fewer requests."""
 
     name = "p2c"
-
-    def reset(self, ctx: RunContext) -> None:
-        super().reset(ctx)
-        self.rng = np.random.default_rng(ctx.seed)
-
-    def assign(self, count, free, active, loads, prompts) -> list[int]:
-        return sampled_assign(count, free, active, self.rng.random((count, 2)).tolist())
+    samples = 2
 
 
 class CountJSQPolicy(FCFSPolicy):

@@ -61,6 +61,18 @@ def _add(g, b, q, loads, top, hs):
 
 
 @njit(cache=True, nogil=True)
+def _admit(i, g, prompts, used, loads, top, hs, free, out_i, out_g, done):
+    """Candidate ``i`` admitted to worker ``g`` as admission number ``done``; returns the
+    next number."""
+    used[i] = True
+    _add(g, prompts[i], 1.0, loads, top, hs)
+    free[g] -= 1
+    out_i[done] = i
+    out_g[done] = g
+    return done + 1
+
+
+@njit(cache=True, nogil=True)
 def _window(used, start, size, out):
     """First ``size`` unused candidates from ``start``; returns how many were found."""
     k = 0
@@ -138,13 +150,8 @@ def br_step(
                 best_g = g
         if best_g < 0:
             continue
-        used[i] = True
-        _add(best_g, prompts[i], 1.0, loads, top, hs)
-        free[best_g] -= 1
+        done = _admit(i, best_g, prompts, used, loads, top, hs, free, out_i, out_g, done)
         total_free -= 1
-        out_i[done] = i
-        out_g[done] = best_g
-        done += 1
         stats[FAIRNESS] += 1
 
     # stage 1: the worker with the most free slots takes the best single request of the window
@@ -176,13 +183,8 @@ def br_step(
         if best < 0:
             blocked[g] = True
             continue
-        used[best] = True
-        _add(g, prompts[best], 1.0, loads, top, hs)
-        free[g] -= 1
+        done = _admit(best, g, prompts, used, loads, top, hs, free, out_i, out_g, done)
         total_free -= 1
-        out_i[done] = best
-        out_g[done] = g
-        done += 1
         stats[STAGE1] += 1
 
     # stage 2: workers in descending (free, min margin) take the best subset of the head

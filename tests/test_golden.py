@@ -23,6 +23,7 @@ from tests.golden.make_golden import (
     EVALUATE_ARGS,
     MODEL_PARAMS,
     TRACE,
+    predictions,
     record_service,
     snapshots,
 )
@@ -73,25 +74,6 @@ def test_evaluation_is_unchanged(tmp_path: Path) -> None:
     assert set(got["gbdt"]) - set(want["gbdt"]) >= {"ibs_discounted", "proj_error_margin"}
 
 
-def _predictions(est, snap: dict[str, np.ndarray], kind: str) -> dict[str, np.ndarray]:
-    from balanceroute.predict.base import CompletedBatch, RunningBatch
-
-    out = {}
-    batch = RunningBatch(snap["prompt"], snap["age"], snap["key"], time_s=2e4)
-    for stage in ("fitted", "observed"):
-        curves = est.predict(batch, survival=True)
-        plain = est.predict(batch)
-        out[f"{kind}_{stage}_p"] = plain.p_finish
-        out[f"{kind}_{stage}_c"] = plain.c
-        out[f"{kind}_{stage}_survival"] = curves.survival
-        est.observe(
-            CompletedBatch(
-                snap["done_prompt"], snap["done_output"], snap["done_key"], snap["done_time"]
-            )
-        )
-    return out
-
-
 @pytest.fixture(scope="module")
 def trace_and_snapshots():
     from balanceroute.features.synthetic import generate
@@ -105,7 +87,7 @@ def test_saved_models_predict_as_recorded(kind: str, trace_and_snapshots) -> Non
 
     _, snap = trace_and_snapshots
     want = np.load(GOLDEN / "predictions.npz")
-    got = _predictions(load_file(GOLDEN / "models" / f"{kind}.joblib"), snap, kind)
+    got = predictions(load_file(GOLDEN / "models" / f"{kind}.joblib"), snap, kind)
     for name, value in got.items():
         np.testing.assert_array_equal(value, want[name], err_msg=name)
 
@@ -117,7 +99,7 @@ def test_refitted_models_predict_as_recorded(kind: str, trace_and_snapshots) -> 
     trace, snap = trace_and_snapshots
     want = np.load(GOLDEN / "predictions.npz")
     est = make_estimator(kind, **MODEL_PARAMS[kind]).fit(trace)
-    for name, value in _predictions(est, snap, kind).items():
+    for name, value in predictions(est, snap, kind).items():
         np.testing.assert_array_equal(value, want[name], err_msg=name)
 
 

@@ -65,6 +65,27 @@ MODEL_PARAMS = {
 SNAPSHOTS = 150
 
 
+def predictions(est, snap: dict[str, np.ndarray], kind: str) -> dict[str, np.ndarray]:
+    """``est``'s answers on the snapshots (probabilities, expectations, curves), when fitted
+    and again after observing the snapshots' completions."""
+    from balanceroute.predict.base import CompletedBatch, RunningBatch
+
+    out = {}
+    batch = RunningBatch(snap["prompt"], snap["age"], snap["key"], time_s=2e4)
+    for stage in ("fitted", "observed"):
+        curves = est.predict(batch, survival=True)
+        plain = est.predict(batch)
+        out[f"{kind}_{stage}_p"] = plain.p_finish
+        out[f"{kind}_{stage}_c"] = plain.c
+        out[f"{kind}_{stage}_survival"] = curves.survival
+        est.observe(
+            CompletedBatch(
+                snap["done_prompt"], snap["done_output"], snap["done_key"], snap["done_time"]
+            )
+        )
+    return out
+
+
 def snapshots(trace) -> dict[str, np.ndarray]:
     """Fixed (prompt, age, key) rows drawn from the trace, plus completions to observe."""
     from balanceroute.features.schema import to_arrays
@@ -211,7 +232,6 @@ def main() -> None:
         return
     sys.path.insert(0, str(ROOT))
     from balanceroute.features.synthetic import generate
-    from balanceroute.predict.base import CompletedBatch, RunningBatch
     from balanceroute.predict.registry import make_estimator
 
     out = HERE / "models"
@@ -222,18 +242,7 @@ def main() -> None:
     for kind, params in MODEL_PARAMS.items():
         est = make_estimator(kind, **params).fit(trace)
         est.save(out / f"{kind}.joblib")
-        batch = RunningBatch(snap["prompt"], snap["age"], snap["key"], time_s=2e4)
-        for stage in ("fitted", "observed"):
-            pred = est.predict(batch, survival=True)
-            plain = est.predict(batch)
-            arrays[f"{kind}_{stage}_p"] = plain.p_finish
-            arrays[f"{kind}_{stage}_c"] = plain.c
-            arrays[f"{kind}_{stage}_survival"] = pred.survival
-            est.observe(
-                CompletedBatch(
-                    snap["done_prompt"], snap["done_output"], snap["done_key"], snap["done_time"]
-                )
-            )
+        arrays.update(predictions(est, snap, kind))
     np.savez_compressed(HERE / "predictions.npz", **arrays)
     import json
 

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from balanceroute.features.constants import DEFAULT_HORIZON
 from balanceroute.features.errors import UserError
 from balanceroute.features.schema import validate_trace
 from balanceroute.features.stats import trace_stats
@@ -117,9 +118,9 @@ def test_request_count_must_be_positive():
 
 
 def test_code_completion_outputs_are_short_next_to_the_horizon(traces):
-    """A few thousand prompt tokens, a few dozen output tokens: short next to H = 80."""
+    """A few thousand prompt tokens, a few dozen output tokens: short next to H."""
     trace = traces["code-completion"]
     assert 2_000 <= trace["prompt_tokens"].median() <= 4_000
     assert trace["output_tokens"].median() < 40
-    assert (trace["output_tokens"] <= 80).mean() > 0.85
+    assert (trace["output_tokens"] <= DEFAULT_HORIZON).mean() > 0.85
     assert trace["prompt_key"].duplicated(keep=False).mean() > 0.5  # files recur

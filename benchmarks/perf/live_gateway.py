@@ -54,7 +54,7 @@ from balanceroute.router.lab.prefill import ReleasedRequests, rate_scale_for_loa
 from balanceroute.router.lab.simulator import SimConfig, simulate
 from balanceroute.router.policies.specs import RouterSpec
 from balanceroute.router.policies.state import RequestTable
-from balanceroute.serving.emulator.iterlog import rank_matrix, read_log
+from balanceroute.serving.testbed.emulator.iterlog import rank_matrix, read_log
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 TRACES = {"azure": "azure_llm_2023_conv.csv", "mooncake": "mooncake_conversation.jsonl"}
@@ -177,7 +177,7 @@ def sim_arm(rel: ReleasedRequests, spec: str, model_file: str | None) -> dict[st
 def start_emulator(ts: float, log_dir: Path, out: Path) -> tuple[subprocess.Popen, list[str]]:
     base = free_ports(G)
     cfg = {"ranks": G, "slots": B, "time_scale": ts, "port_base": base, "log_dir": str(log_dir)}
-    args = [sys.executable, "-m", "balanceroute.serving.emulator", json.dumps(cfg)]
+    args = [sys.executable, "-m", "balanceroute.serving.testbed.emulator", json.dumps(cfg)]
     proc = subprocess.Popen(args, stdout=out.open("wb"), stderr=subprocess.STDOUT)
     urls = [f"http://127.0.0.1:{base + g}" for g in range(G)]
     for u in urls:

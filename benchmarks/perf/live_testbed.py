@@ -47,7 +47,7 @@ import numpy as np
 import pandas as pd
 import psutil
 
-from balanceroute.serving.emulator.iterlog import rank_matrix, read_log
+from balanceroute.serving.testbed.emulator.iterlog import rank_matrix, read_log
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

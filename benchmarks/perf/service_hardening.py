@@ -54,7 +54,7 @@ def start(model: Path, port: int, log: Path) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BALANCEROUTE_")}
     env.update(BALANCEROUTE_MODEL_URI=str(model), BALANCEROUTE_PORT=str(port))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "balanceroute.serving"],
+        [sys.executable, "-m", "balanceroute.serving.service"],
         env=env,
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,

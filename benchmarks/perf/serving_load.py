@@ -37,8 +37,8 @@ import psutil
 
 from balanceroute.features.synthetic import generate
 from balanceroute.predict.model_store import load_file
-from balanceroute.serving.decode import decode_predict
-from balanceroute.serving.inference import running_batch
+from balanceroute.serving.service.decode import decode_predict
+from balanceroute.serving.service.inference import running_batch
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "completion-predictor"

@@ -35,7 +35,7 @@ from balanceroute.serving.gateway.settings import GatewaySettings
 from balanceroute.serving.gateway.state import LiveGroup
 from balanceroute.serving.gateway.switchback import Switchback
 from balanceroute.serving.gateway.tokens import PromptCounter
-from balanceroute.serving.models import health_problem
+from balanceroute.serving.lifecycle import health_problem
 
 log = logging.getLogger("balanceroute.gateway")
 UPSTREAM_KEY_ENV = "BALANCEROUTE_UPSTREAM_API_KEY"

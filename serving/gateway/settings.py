@@ -1,6 +1,6 @@
 """The gateway's configuration: one pydantic-settings class, from flags or ``BALANCEROUTE_*``.
 
-It extends :class:`~balanceroute.serving.settings.ServiceSettings` (listening, the bearer token,
+It extends :class:`~balanceroute.serving.service.settings.ServiceSettings` (listening, the bearer token,
 the Host and Origin allow-lists: the same rules as ``serve``) with the decode group behind it,
 the router or the switchback arms, the estimator, and the gateway's own bounds.
 """
@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
-from balanceroute.serving.settings import ServiceSettings
+from balanceroute.serving.http.settings import ServiceSettings
 
 MAX_RANKS = 4096
 MAX_SLOTS = 65_536

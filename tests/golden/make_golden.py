@@ -204,7 +204,7 @@ def main() -> None:
             raise SystemExit("the saved models and their evaluation are release 0.1.0's: keep them")
         if "service" in parts:
             snap = snapshots(generate(TRACE[0], TRACE[1], seed=TRACE[2]))
-            answers = record_service(snap, ["balanceroute.serving"])
+            answers = record_service(snap, ["balanceroute.serving.service"])
             (HERE / "service.json").write_text(json.dumps(answers, indent=1) + "\n")
         if "ab" in parts:
             record_ab()

@@ -14,8 +14,8 @@ from typing import Any
 
 import httpx
 
-from balanceroute.serving.emulator.config import EmulatorConfig
-from balanceroute.serving.emulator.metrics import metric_total, parse_metrics
+from balanceroute.serving.testbed.emulator.config import EmulatorConfig
+from balanceroute.serving.testbed.emulator.metrics import metric_total, parse_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -44,7 +44,7 @@ def free_port_range(count: int, attempts: int = 50) -> int:
 
 
 class Emulator:
-    """``python -m balanceroute.serving.emulator`` in a subprocess, stopped by its own pid."""
+    """``python -m balanceroute.serving.testbed.emulator`` in a subprocess, stopped by its own pid."""
 
     def __init__(self, log: Path, **fields: Any) -> None:
         ranks = int(fields.get("ranks", 8))
@@ -52,7 +52,7 @@ class Emulator:
         self.urls = self.config.urls()
         self.out_path = log
         env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
-        args = [sys.executable, "-m", "balanceroute.serving.emulator"]
+        args = [sys.executable, "-m", "balanceroute.serving.testbed.emulator"]
         args.append(json.dumps(self.config.as_dict()))
         self._out = open(log, "wb")
         self.proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=self._out, stderr=self._out)

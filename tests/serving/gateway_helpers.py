@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 from emulator_helpers import REPO, free_port_range, kill, terminate
 
-from balanceroute.serving.emulator.metrics import metric_total, parse_metrics
+from balanceroute.serving.testbed.emulator.metrics import metric_total, parse_metrics
 
 CLI = [sys.executable, "-c", "import sys; from balanceroute.cli import main; sys.exit(main())"]
 

@@ -56,7 +56,7 @@ class Server:
             args += ["--model-uri-b", model_uri_b] if model_uri_b else []
             args += ["--port", str(self.port)]
         else:
-            args = [sys.executable, "-m", "balanceroute.serving"]
+            args = [sys.executable, "-m", "balanceroute.serving.service"]
             full_env["BALANCEROUTE_MODEL_URI"] = model_uri
             full_env["BALANCEROUTE_PORT"] = str(self.port)
             if model_uri_b:

@@ -17,8 +17,8 @@ from balanceroute.features.errors import UserError
 from balanceroute.features.prompts import build_prompt, prompt_key_of
 from balanceroute.features.synthetic import generate
 from balanceroute.features.workload import WorkloadSpec
-from balanceroute.serving.bench.plan import make_plan, resolve_targets
-from balanceroute.serving.bench.run import BenchConfig, run_bench
+from balanceroute.serving.testbed.bench.plan import make_plan, resolve_targets
+from balanceroute.serving.testbed.bench.run import BenchConfig, run_bench
 
 VLLM_KEYS = [
     "duration", "completed", "failed", "total_input_tokens", "total_output_tokens",

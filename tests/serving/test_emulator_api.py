@@ -14,7 +14,7 @@ from emulator_helpers import Emulator
 
 from balanceroute.cli import main
 from balanceroute.features.prompts import build_prompt, build_prompt_ids
-from balanceroute.serving.emulator.metrics import metric_total, parse_metrics
+from balanceroute.serving.testbed.emulator.metrics import metric_total, parse_metrics
 
 pytestmark = pytest.mark.server
 

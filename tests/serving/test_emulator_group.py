@@ -7,8 +7,8 @@ import asyncio
 import numpy as np
 
 from balanceroute.router.lab.cost import CostModel
-from balanceroute.serving.emulator.config import EmulatorConfig
-from balanceroute.serving.emulator.group import DecodeGroup, EmuRequest
+from balanceroute.serving.testbed.emulator.config import EmulatorConfig
+from balanceroute.serving.testbed.emulator.group import DecodeGroup, EmuRequest
 
 COST = CostModel(t_fixed_s=0.002, t_token_s=1e-6)
 

@@ -15,8 +15,8 @@ import pytest
 from emulator_helpers import Emulator
 
 from balanceroute.cli import main as balanceroute_main
-from balanceroute.serving.emulator.iterlog import rank_matrix, read_log
-from balanceroute.serving.emulator.parity import compare
+from balanceroute.serving.testbed.emulator.iterlog import rank_matrix, read_log
+from balanceroute.serving.testbed.emulator.parity import compare
 
 pytestmark = pytest.mark.server
 

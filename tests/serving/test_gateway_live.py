@@ -32,7 +32,7 @@ from balanceroute.features.loaders import load_trace
 from balanceroute.features.synthetic import generate
 from balanceroute.predict.factory import EstimatorSpec, build_estimator
 from balanceroute.predict.model_store import save_estimator
-from balanceroute.serving.emulator.iterlog import rank_matrix, read_log
+from balanceroute.serving.testbed.emulator.iterlog import rank_matrix, read_log
 
 pytestmark = pytest.mark.server
 

@@ -12,8 +12,9 @@ import pytest
 from service_helpers import load_model
 
 from balanceroute.predict.base import Prediction
-from balanceroute.serving.decode import CompletedColumns
-from balanceroute.serving.models import ModelStore, health_problem
+from balanceroute.serving.lifecycle import health_problem
+from balanceroute.serving.service.decode import CompletedColumns
+from balanceroute.serving.service.models import ModelStore
 
 
 def cols(outputs: list[int]) -> CompletedColumns:
@@ -65,7 +66,7 @@ def test_an_observe_off_the_loop_equals_one_in_place(model_dir: Path, kind: str)
         return store.arms["a"].estimator
 
     whole, chunked = asyncio.run(fed(10_000)), asyncio.run(fed(10))
-    from balanceroute.serving.models import canary_batch
+    from balanceroute.serving.lifecycle import canary_batch
 
     a = whole.predict(canary_batch(), survival=True)
     b = chunked.predict(canary_batch(), survival=True)

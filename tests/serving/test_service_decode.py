@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from balanceroute.features.limits import input_limits
-from balanceroute.serving.decode import CompletedColumns, fast_observe, fast_predict
-from balanceroute.serving.models import CompletionLog
-from balanceroute.serving.schemas import ObserveRequest, PredictRequest
+from balanceroute.serving.service.decode import CompletedColumns, fast_observe, fast_predict
+from balanceroute.serving.service.models import CompletionLog
+from balanceroute.serving.service.schemas import ObserveRequest, PredictRequest
 
 ANY = st.one_of(
     st.none(),
@@ -121,7 +121,7 @@ def test_the_completion_log_keeps_the_last_rows_in_order(capacity: int) -> None:
 
 
 def test_a_worker_with_nothing_running_decodes_to_empty_columns() -> None:
-    from balanceroute.serving.decode import running_columns
+    from balanceroute.serving.service.decode import running_columns
 
     cols = running_columns([])
     assert cols is not None and cols.size == 0 and cols.ids == []
@@ -130,7 +130,7 @@ def test_a_worker_with_nothing_running_decodes_to_empty_columns() -> None:
 
 def test_raw_keys_hash_like_the_trace_loaders_and_the_memo_stays_bounded() -> None:
     from balanceroute.features.schema import hash_keys
-    from balanceroute.serving.decode import KeyHasher
+    from balanceroute.serving.service.decode import KeyHasher
 
     hasher = KeyHasher(capacity=4, cached_length=3)
     keys = ["a", "bb", "a", "long-key", "ccc", "dd", "e", "a"]

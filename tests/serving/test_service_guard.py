@@ -9,9 +9,9 @@ from service_helpers import Server, post
 
 from balanceroute.predict.survival import SurvivalEstimator
 from balanceroute.router.policies.guard import MIN_SNAPSHOTS
-from balanceroute.serving.guards import RouteGuards
-from balanceroute.serving.route_schemas import RouteRequest
-from balanceroute.serving.snapshot import decide
+from balanceroute.serving.service.guard_cache import RouteGuards
+from balanceroute.serving.service.route_schemas import RouteRequest
+from balanceroute.serving.service.snapshot import decide
 from tests.router.helpers import frame
 
 

@@ -9,9 +9,9 @@ from pydantic import ValidationError
 
 from balanceroute.cli import main as balanceroute_main
 from balanceroute.features.errors import UserError
-from balanceroute.serving.app import create_app
-from balanceroute.serving.settings import ServeSettings
-from balanceroute.serving.sources import check_uri
+from balanceroute.serving.service.app import create_app
+from balanceroute.serving.service.settings import ServeSettings
+from balanceroute.serving.service.sources import check_uri
 
 
 def test_defaults_listen_on_loopback_without_a_token(monkeypatch) -> None:
@@ -108,7 +108,7 @@ def test_route_options_follow_the_router_configuration() -> None:
     import dataclasses
 
     from balanceroute.router.policies.balance_route import BalanceRouteConfig
-    from balanceroute.serving.route_schemas import BalanceRouteOptions
+    from balanceroute.serving.service.route_schemas import BalanceRouteOptions
 
     names = {f.name for f in dataclasses.fields(BalanceRouteConfig)}
     assert set(BalanceRouteOptions.model_fields) == names

@@ -19,11 +19,11 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
 from balanceroute.features.prompts import chat_text
-from balanceroute.serving.auth import Authorized
 from balanceroute.serving.gateway.relay import LiveRequest, Relay, error_body
 from balanceroute.serving.gateway.runtime import Gateway
 from balanceroute.serving.gateway.schemas import ChatBody, CompletionBody
 from balanceroute.serving.gateway.tokens import prompt_key
+from balanceroute.serving.http.auth import Authorized
 
 router = APIRouter(tags=["openai"], dependencies=[Authorized])
 JSON = "application/json"

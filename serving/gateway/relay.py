@@ -29,12 +29,16 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from balanceroute.serving.gateway.runtime import Gateway
+from balanceroute.serving.openai.responses import error_body, whole_answer, whole_choice
+from balanceroute.serving.openai.sse import (
+    DONE,
+    DONE_PAYLOAD,
+    SSE_HEADERS,
+    EventSplitter,
+    data_payload,
+    token_text,
+)
 
-DONE = b"data: [DONE]\n\n"
-SSE_HEADERS = [
-    (b"content-type", b"text/event-stream; charset=utf-8"),
-    (b"cache-control", b"no-cache"),
-]
 RETRY, FINISHED = "retry", "finished"
 
 
@@ -84,19 +88,6 @@ class Stream:
     @property
     def tokens(self) -> int:
         return self.usage_completion if self.usage_completion >= 0 else self.chunks
-
-
-def _token_text(choice: dict[str, Any]) -> str | None:
-    """The text a chunk's choice carries (None: not a token chunk)."""
-    if "text" in choice:
-        return choice["text"]
-    delta = choice.get("delta")
-    if not delta:
-        return None
-    content = delta.get("content")
-    if content is None or (content == "" and "role" in delta):
-        return None
-    return content
 
 
 def upstream_body(body: dict[str, Any]) -> bytes:
@@ -220,12 +211,11 @@ class Relay(Response):
         return FINISHED
 
     async def _relay(self, resp: aiohttp.ClientResponse, st: Stream, send: Send) -> None:
-        buf = b""
+        splitter = EventSplitter()
         async for data in resp.content.iter_any():
-            buf += data
-            if b"\n\n" not in buf:
+            events = splitter.feed(data)
+            if not events:
                 continue
-            *events, buf = buf.split(b"\n\n")
             now = self.gw.clock()
             before = st.tokens
             out = [b for ev in events if (b := self._event(ev, st, now)) is not None]
@@ -247,11 +237,10 @@ class Relay(Response):
 
     def _event(self, event: bytes, st: Stream, now: float) -> bytes | None:
         """Count one SSE event; what to relay of it (None: nothing)."""
-        text = event.strip()
-        if not text.startswith(b"data:"):
-            return event + b"\n\n" if text else None
-        payload = text[5:].strip()
-        if payload == b"[DONE]":
+        payload = data_payload(event)
+        if payload is None:  # a comment is relayed as it came, an empty event dropped
+            return event + b"\n\n" if event.strip() else None
+        if payload == DONE_PAYLOAD:
             st.done = True
             return DONE
         if (
@@ -275,7 +264,7 @@ class Relay(Response):
         if st.model is None:
             st.model, st.rid, st.created = obj.get("model"), obj.get("id"), obj.get("created")
         for choice in choices:
-            piece = _token_text(choice)
+            piece = token_text(choice)
             if piece is not None:
                 st.chunks += 1
                 if st.first_t is None:
@@ -350,29 +339,13 @@ class Relay(Response):
     def _assembled(self, st: Stream, prompt: int, tokens: int) -> dict[str, Any]:
         """The non-streaming answer from the streamed chunks."""
         chat = self.req.chat
-        choices = []
-        for index in sorted(set(st.texts) | set(st.reasons)):
-            text = "".join(st.texts.get(index, []))
-            choice: dict[str, Any] = {"index": index, "logprobs": None}
-            if chat:
-                choice["message"] = {"role": "assistant", "content": text}
-            else:
-                choice["text"] = text
-            choice["finish_reason"] = st.reasons.get(index)
-            choices.append(choice)
+        choices = [
+            whole_choice(chat, index, "".join(st.texts.get(index, [])), st.reasons.get(index))
+            for index in sorted(set(st.texts) | set(st.reasons))
+        ]
         rid = st.rid or f"{'chatcmpl' if chat else 'cmpl'}-{self.req.request_id}"
-        return {
-            "id": rid,
-            "object": "chat.completion" if chat else "text_completion",
-            "created": st.created or int(time.time()),
-            "model": st.model,
-            "choices": choices,
-            "usage": {
-                "prompt_tokens": prompt,
-                "total_tokens": prompt + tokens,
-                "completion_tokens": tokens,
-            },
-        }
+        created = st.created or int(time.time())
+        return whole_answer(chat, rid, created, st.model, choices, prompt, tokens)
 
 
 async def _disconnected(receive: Receive) -> None:
@@ -389,21 +362,6 @@ async def _send_whole(send: Send, status: int, body: bytes, content_type: str) -
     ]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
-
-
-def error_body(status: int, message: str) -> bytes:
-    """The OpenAI (and vLLM) error body."""
-    kind = {429: "RateLimitError", 502: "BadGatewayError", 503: "ServiceUnavailableError"}
-    return orjson.dumps(
-        {
-            "error": {
-                "message": message,
-                "type": kind.get(status, "APIError"),
-                "param": None,
-                "code": status,
-            }
-        }
-    )
 
 
 async def _send_error(send: Send, status: int, message: str) -> None:

@@ -1,7 +1,7 @@
 """The OpenAI-compatible front: ``POST /v1/completions``, ``POST /v1/chat/completions`` (streaming
 or not) and ``GET /v1/models`` (from a rank in rotation).
 
-A request is checked (:mod:`..schemas`), counted (prompt tokens and key, :mod:`..tokens`) and
+A request is checked (:mod:`balanceroute.serving.openai.requests`), counted (prompt tokens and key, :mod:`..tokens`) and
 queued in the pool; a full pool answers 429 with ``Retry-After``. From then on
 :class:`~balanceroute.serving.gateway.relay.Relay` runs it.
 """
@@ -19,11 +19,12 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
 from balanceroute.features.prompts import chat_text
-from balanceroute.serving.gateway.relay import LiveRequest, Relay, error_body
+from balanceroute.serving.gateway.relay import LiveRequest, Relay
 from balanceroute.serving.gateway.runtime import Gateway
-from balanceroute.serving.gateway.schemas import ChatBody, CompletionBody
 from balanceroute.serving.gateway.tokens import prompt_key
 from balanceroute.serving.http.auth import Authorized
+from balanceroute.serving.openai.requests import ChatBody, CompletionBody
+from balanceroute.serving.openai.responses import error_body
 
 router = APIRouter(tags=["openai"], dependencies=[Authorized])
 JSON = "application/json"

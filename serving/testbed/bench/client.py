@@ -20,6 +20,8 @@ from array import array
 import aiohttp
 import orjson
 
+from balanceroute.serving.openai.sse import DONE_PAYLOAD, EventSplitter, data_payload, token_text
+
 
 class RequestRecord:
     """What one request measured (times in seconds, relative to the benchmark start)."""
@@ -54,16 +56,6 @@ class RequestRecord:
         return not self.error and self.done and self.n_tokens > 0
 
 
-def _is_token(choice: dict) -> bool:
-    if "text" in choice:
-        return choice["text"] is not None
-    delta = choice.get("delta")
-    if not delta:
-        return False
-    content = delta.get("content")
-    return content is not None and not (content == "" and "role" in delta)
-
-
 async def stream_request(
     session: aiohttp.ClientSession,
     url: str,
@@ -86,24 +78,19 @@ async def stream_request(
                     text = (await resp.text(errors="replace"))[:300]
                     record.error = f"HTTP {resp.status}: {text}"
                     return
-                buf = b""
+                splitter = EventSplitter()
                 async for data in resp.content.iter_any():
                     now = clock()
-                    buf += data
-                    if b"\n\n" not in buf:
-                        continue
-                    *events, buf = buf.split(b"\n\n")
-                    for event in events:
-                        event = event.strip()
-                        if not event.startswith(b"data:"):
+                    for event in splitter.feed(data):
+                        payload = data_payload(event)
+                        if payload is None:
                             continue  # comments (": ping") and empty events
-                        payload = event[5:].strip()
-                        if payload == b"[DONE]":
+                        if payload == DONE_PAYLOAD:
                             record.done = True
                             continue
                         obj = orjson.loads(payload)
                         choices = obj.get("choices")
-                        if choices and _is_token(choices[0]):
+                        if choices and token_text(choices[0]) is not None:
                             times.append(now - start)
                         usage = obj.get("usage")
                         if usage:

@@ -23,16 +23,17 @@ from fastapi.exceptions import RequestValidationError
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from balanceroute.features.prompts import count_tokens
+from balanceroute.features.prompts import chat_text, count_tokens
+from balanceroute.serving.openai.requests import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    prompt_batch,
+)
+from balanceroute.serving.openai.responses import error_body, usage, whole_answer, whole_choice
+from balanceroute.serving.openai.sse import DONE, SSE_HEADERS
 from balanceroute.serving.testbed.emulator.group import FINISHED, DecodeGroup, EmuRequest
-from balanceroute.serving.testbed.emulator.schemas import ChatCompletionRequest, CompletionRequest
 
 TOKEN_TEXT = " the"
-DONE = b"data: [DONE]\n\n"
-SSE_HEADERS = [
-    (b"content-type", b"text/event-stream; charset=utf-8"),
-    (b"cache-control", b"no-cache"),
-]
 JSON_TYPE = "application/json"
 
 
@@ -47,8 +48,7 @@ class BadRequest(Exception):
 
 def error_response(status: int, message: str, type_: str = "BadRequestError") -> Response:
     """vLLM's error body."""
-    body = {"error": {"message": message, "type": type_, "param": None, "code": status}}
-    return Response(orjson.dumps(body), status, media_type=JSON_TYPE)
+    return Response(error_body(status, message, type_), status, media_type=JSON_TYPE)
 
 
 async def _validation_error(request: Request, exc: Exception) -> Response:
@@ -120,15 +120,7 @@ class Chunks:
 
     def usage(self, prompt: int, completion: int) -> bytes:
         """The usage chunk (empty ``choices``)."""
-        body = {
-            **self.usage_base,
-            "choices": [],
-            "usage": {
-                "prompt_tokens": prompt,
-                "total_tokens": prompt + completion,
-                "completion_tokens": completion,
-            },
-        }
+        body = {**self.usage_base, "choices": [], "usage": usage(prompt, completion)}
         return b"data: " + orjson.dumps(body) + b"\n\n"
 
 
@@ -240,37 +232,13 @@ class EmulatedResponse(Response):
                 await send({"type": "http.response.body", "body": resp.body})
             return
         n = req.generated
-        text = TOKEN_TEXT * n
-        choice: dict[str, Any]
-        if self.chat:
-            choice = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
-                "finish_reason": req.finish_reason,
-            }
-        else:
-            choice = {
-                "index": 0,
-                "text": text,
-                "logprobs": None,
-                "finish_reason": req.finish_reason,
-                "stop_reason": None,
-            }
-        body = orjson.dumps(
-            {
-                "id": self.rid,
-                "object": "chat.completion" if self.chat else "text_completion",
-                "created": self.created,
-                "model": self.model,
-                "choices": [choice],
-                "usage": {
-                    "prompt_tokens": req.prompt_tokens,
-                    "total_tokens": req.prompt_tokens + n,
-                    "completion_tokens": n,
-                },
-            }
+        choice = whole_choice(self.chat, 0, TOKEN_TEXT * n, req.finish_reason)
+        if not self.chat:
+            choice["stop_reason"] = None
+        answer = whole_answer(
+            self.chat, self.rid, self.created, self.model, [choice], req.prompt_tokens, n
         )
+        body = orjson.dumps(answer)
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),
@@ -283,26 +251,10 @@ class EmulatedResponse(Response):
 
 def _completion_prompt(prompt: Any) -> str | list[int]:
     """The single prompt of a completion request (batched prompts are refused)."""
-    if isinstance(prompt, str):
-        return prompt
-    if prompt and isinstance(prompt[0], str | list):
-        if len(prompt) != 1:
-            raise BadRequest(
-                f"the emulator serves one prompt a request, got a batch of {len(prompt)}"
-            )
-        return prompt[0]
-    return prompt
-
-
-def _chat_text(body: ChatCompletionRequest) -> str:
-    """The prompt text of a chat request: every message's text, in order."""
-    texts: list[str] = []
-    for m in body.messages:
-        if isinstance(m.content, str):
-            texts.append(m.content)
-        elif m.content:
-            texts.extend(p.text for p in m.content if p.text)
-    return " ".join(texts)
+    batch = prompt_batch(prompt)
+    if len(batch) != 1:
+        raise BadRequest(f"the emulator serves one prompt a request, got a batch of {len(batch)}")
+    return batch[0]
 
 
 def create_rank_app(group: DecodeGroup, rank: int) -> FastAPI:
@@ -391,7 +343,7 @@ def create_rank_app(group: DecodeGroup, rank: int) -> FastAPI:
         if body.logprobs:
             raise BadRequest("the emulator does not return logprobs")
         max_tokens = body.max_completion_tokens or body.max_tokens
-        return start(request, body, count_tokens(_chat_text(body)), max_tokens, "chat")
+        return start(request, body, count_tokens(chat_text([m.model_dump() for m in body.messages])), max_tokens, "chat")
 
     @app.get("/v1/models")
     async def models() -> Response:

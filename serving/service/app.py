@@ -23,7 +23,7 @@ from balanceroute.serving.service.body import request_components
 from balanceroute.serving.service.deps import require_token
 from balanceroute.serving.service.guard_cache import RouteGuards
 from balanceroute.serving.service.metrics import MetricsMiddleware, ServiceMetrics
-from balanceroute.serving.service.models import LoadedModel, ModelStore, pin_lightgbm_threads
+from balanceroute.serving.service.models import LoadedModel, ModelSlots, pin_lightgbm_threads
 from balanceroute.serving.service.route_schemas import RouteRequest
 from balanceroute.serving.service.routes import ROUTERS
 from balanceroute.serving.service.schemas import REQUEST_MODELS
@@ -63,7 +63,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     return app.openapi_schema
 
 
-def create_app(settings: ServeSettings, *, store: ModelStore | None = None) -> FastAPI:
+def create_app(settings: ServeSettings, *, store: ModelSlots | None = None) -> FastAPI:
     """A service for ``settings``; models load in the background after startup (see /readyz)."""
     metrics = ServiceMetrics()
     guards = RouteGuards()
@@ -73,7 +73,7 @@ def create_app(settings: ServeSettings, *, store: ModelStore | None = None) -> F
         guards.drop(arm)  # the verdict was about the old model
 
     if store is None:
-        store = ModelStore(
+        store = ModelSlots(
             settings.uris(),
             replay_buffer=settings.replay_buffer,
             inline_rows=settings.observe_inline_rows,

@@ -12,13 +12,13 @@ from fastapi.exceptions import RequestValidationError
 from balanceroute.serving.http.auth import Authorized, require_token
 from balanceroute.serving.service.guard_cache import RouteGuards
 from balanceroute.serving.service.metrics import ServiceMetrics
-from balanceroute.serving.service.models import LoadedModel, ModelStore, NotReady, UnknownModel
+from balanceroute.serving.service.models import LoadedModel, ModelSlots, NotReady, UnknownModel
 from balanceroute.serving.service.settings import ServeSettings
 
 __all__ = ["Authorized", "require_token"]  # re-exported for the route modules
 
 
-async def get_store(request: Request) -> ModelStore:
+async def get_store(request: Request) -> ModelSlots:
     """The app's model store (async: sync dependencies would each cost a thread-pool hop)."""
     return request.app.state.store
 
@@ -33,7 +33,7 @@ class Services:
     """What the hot handlers need, read off the app in one step: each FastAPI dependency costs
     a resolution per call (tens of microseconds against a sub-millisecond budget)."""
 
-    store: ModelStore
+    store: ModelSlots
     settings: ServeSettings
     metrics: ServiceMetrics
     guards: RouteGuards
@@ -45,7 +45,7 @@ def services(request: Request) -> Services:
     return Services(state.store, state.settings, state.metrics, state.guards)
 
 
-StoreDep = Annotated[ModelStore, Depends(get_store)]
+StoreDep = Annotated[ModelSlots, Depends(get_store)]
 MetricsDep = Annotated[ServiceMetrics, Depends(get_metrics)]
 
 
@@ -54,7 +54,7 @@ def field_error(loc: tuple[str | int, ...], kind: str, msg: str) -> RequestValid
     return RequestValidationError([{"type": kind, "loc": loc, "msg": msg}])
 
 
-def select_model(store: ModelStore, selector: str | None) -> LoadedModel:
+def select_model(store: ModelSlots, selector: str | None) -> LoadedModel:
     """The model a request selects: 422 if no loaded model answers to it, 503 if not loaded."""
     try:
         return store.select(selector)

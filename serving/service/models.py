@@ -1,7 +1,7 @@
 """The loaded models: one per arm (``a``, optional ``b``), selection, online updates and reload.
 
 Concurrency model: the handlers run on the event loop thread; ``/v1/route`` decides in a worker
-thread (:mod:`serving.service.routes.route`). Every call into an estimator holds :attr:`ModelStore.lock`
+thread (:mod:`serving.service.routes.route`). Every call into an estimator holds :attr:`ModelSlots.lock`
 (the route thread through :class:`SharedEstimator`), so a prediction never sees an update half
 done. Observes are applied one at a time, in order: a small batch in place, a large one (more
 than ``inline_rows``) to a copy of the model in a worker thread that is swapped in when
@@ -114,7 +114,7 @@ class UnhealthyModel(RuntimeError):
     """A loaded version that fails its health check."""
 
 
-class CompletionLog:
+class RecentCompletions:
     """Ring buffer of the last ``capacity`` completions, replayed into a model before its swap."""
 
     def __init__(self, capacity: int) -> None:
@@ -189,7 +189,7 @@ class SharedEstimator:
 SwapHook = Callable[[str, LoadedModel | None, LoadedModel], None]
 
 
-class ModelStore:
+class ModelSlots:
     """Arms by label; ``arms`` is replaced as a whole on a swap, never mutated in place."""
 
     def __init__(
@@ -207,7 +207,7 @@ class ModelStore:
         self.errors: dict[str, str] = {}
         self.broken: dict[str, str] = {}  # arm -> why its loaded model is unhealthy
         self.retry: dict[str, tuple[int, float]] = {}  # arm -> (failed loads, next try, monotonic)
-        self.log = CompletionLog(replay_buffer)
+        self.log = RecentCompletions(replay_buffer)
         self.inline_rows = max(0, int(inline_rows))
         self.lock = threading.Lock()
         self._checked_at = -1.0

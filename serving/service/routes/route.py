@@ -32,7 +32,7 @@ from balanceroute.serving.service.body import openapi_body
 from balanceroute.serving.service.decode import check_count, parse_json, validate
 from balanceroute.serving.service.deps import Authorized, Services, field_error, services
 from balanceroute.serving.service.guard_cache import RouteGuards
-from balanceroute.serving.service.models import LoadedModel, ModelStore, NotReady, UnknownModel
+from balanceroute.serving.service.models import LoadedModel, ModelSlots, NotReady, UnknownModel
 from balanceroute.serving.service.route_schemas import RouteRequest, validate_route
 from balanceroute.serving.service.schemas import RouteResponse
 from balanceroute.serving.service.settings import ServeSettings
@@ -109,7 +109,7 @@ def check_work(req: RouteRequest, horizon: int, settings: ServeSettings) -> None
 
 
 def _model_for(
-    req: RouteRequest, store: ModelStore, horizon: int
+    req: RouteRequest, store: ModelSlots, horizon: int
 ) -> tuple[LoadedModel | None, CompletionEstimator | None, str | None]:
     """(model, estimator, fallback reason): only policies that look ahead (H > 0) use one."""
 

@@ -11,7 +11,6 @@ from pathlib import Path
 import orjson
 import pandas as pd
 import pytest
-from emulator_helpers import free_port_range
 
 from balanceroute.features.errors import UserError
 from balanceroute.features.prompts import build_prompt, prompt_key_of
@@ -19,6 +18,7 @@ from balanceroute.features.synthetic import generate
 from balanceroute.features.workload import WorkloadSpec
 from balanceroute.serving.testbed.bench.plan import make_plan, resolve_targets
 from balanceroute.serving.testbed.bench.run import BenchConfig, run_bench
+from balanceroute.serving.testbed.harness import free_port
 
 VLLM_KEYS = [
     "duration", "completed", "failed", "total_input_tokens", "total_output_tokens",
@@ -99,7 +99,7 @@ def _config(tmp_path: Path, urls: list[str], requests: int, **kw) -> BenchConfig
 
 
 def test_dead_endpoint_fails_fast_and_keeps_every_error(tmp_path: Path):
-    port = free_port_range(1)
+    port = free_port()
     t0 = time.monotonic()
     res = run_bench(_config(tmp_path, [f"http://127.0.0.1:{port}"], requests=5, rate_scale=100.0))
     assert time.monotonic() - t0 < 20
@@ -127,7 +127,7 @@ def test_silent_endpoint_times_out_and_the_run_is_bounded(tmp_path: Path, silent
 
 
 def test_load_follows_the_emulator_time_scale(tmp_path: Path):
-    url = f"http://127.0.0.1:{free_port_range(1)}"
+    url = f"http://127.0.0.1:{free_port()}"
     scales = []
     for time_scale in (1.0, 4.0):
         cfg = _config(

@@ -12,11 +12,11 @@ import httpx
 import numpy as np
 import pandas as pd
 import pytest
-from emulator_helpers import Emulator
 
 from balanceroute.cli import main as balanceroute_main
 from balanceroute.serving.testbed.emulator.iterlog import rank_matrix, read_log
 from balanceroute.serving.testbed.emulator.parity import compare
+from tests.serving.testbed.helpers import Emulator
 
 pytestmark = pytest.mark.server
 

@@ -1,12 +1,9 @@
-"""Helpers of the service tests: a real ``balanceroute serve`` process on a free loopback port."""
+"""Helpers of the service tests: a real ``balanceroute serve`` process on a free loopback port
+(started, waited for and stopped by :mod:`balanceroute.serving.testbed.harness`)."""
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -17,24 +14,18 @@ import orjson
 
 from balanceroute.predict.base import CompletionEstimator
 from balanceroute.predict.model_store import load_file
+from balanceroute.serving.testbed.harness import ServerProcess, clean_env, free_port
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TOKEN = "test-token-0123456789abcdef"
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Server:
     """The service in a subprocess: started, waited for, killed by its own pid.
 
     ``via_cli`` starts ``balanceroute serve --model-uri ...`` (which checks its flags, then execs
-    ``python -m serving``); by default ``python -m serving`` is started directly with the same
-    settings in ``BALANCEROUTE_*``, which skips building the whole CLI first.
+    ``python -m balanceroute.serving.service``); by default that module is started directly with
+    the same settings in ``BALANCEROUTE_*``, which skips building the whole CLI first.
     """
 
     def __init__(
@@ -49,8 +40,7 @@ class Server:
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith("BALANCEROUTE_")}
-        full_env.update({"MLFLOW_DISABLE_TELEMETRY": "true", **(env or {})})
+        full_env = clean_env(env, drop_prefix="BALANCEROUTE_")
         if via_cli:
             args = [sys.executable, "-m", "balanceroute.cli", "serve", "--model-uri", model_uri]
             args += ["--model-uri-b", model_uri_b] if model_uri_b else []
@@ -61,34 +51,20 @@ class Server:
             full_env["BALANCEROUTE_PORT"] = str(self.port)
             if model_uri_b:
                 full_env["BALANCEROUTE_MODEL_URI_B"] = model_uri_b
-        self.log_path = log
-        out = open(log, "wb") if log is not None else subprocess.DEVNULL
-        self.proc = subprocess.Popen(args, cwd=REPO, env=full_env, stdout=out, stderr=out)
+        self.process = ServerProcess(args, log=log, env=full_env, cwd=REPO)
+        self.proc = self.process.proc
         self.wait("/readyz" if ready else "/healthz")
 
     def wait(self, path: str, timeout_s: float = 90.0) -> None:
         """Poll ``path`` until it answers 200 (or fail with the server's log)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}: {self.log()}")
-            try:
-                if httpx.get(self.url + path, timeout=1.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"server not ready at {self.url}{path}: {self.log()}")
+        self.process.wait_ready([self.url + path], timeout_s)
 
     def log(self) -> str:
-        return self.log_path.read_text()[-3000:] if self.log_path else ""
+        return self.process.log()
 
     def stop(self) -> None:
         """Kill the process (by its pid) and reap it."""
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
+        self.process.kill()
 
     def client(self, token: str | None = None) -> httpx.Client:
         headers = {"authorization": f"Bearer {token}"} if token else {}

@@ -8,13 +8,13 @@ import time
 from pathlib import Path
 
 import pytest
-from service_helpers import load_model
 
 from balanceroute.cli import main as balanceroute_main
 from balanceroute.features.synthetic import generate
 from balanceroute.predict.remote import RemoteEstimator
 from balanceroute.router.lab.runner import ReplaySpec, replay
 from balanceroute.router.policies.specs import RouterSpec
+from tests.serving.service.helpers import load_model
 
 pytestmark = pytest.mark.server
 SIM = [

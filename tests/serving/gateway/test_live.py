@@ -24,8 +24,6 @@ import httpx
 import numpy as np
 import pandas as pd
 import pytest
-from emulator_helpers import Emulator
-from gateway_helpers import GatewayProcess, completion, token_events
 
 from balanceroute.cli import main as balanceroute_main
 from balanceroute.features.loaders import load_trace
@@ -33,6 +31,8 @@ from balanceroute.features.synthetic import generate
 from balanceroute.predict.factory import EstimatorSpec, build_estimator
 from balanceroute.predict.model_store import save_estimator
 from balanceroute.serving.testbed.emulator.iterlog import rank_matrix, read_log
+from tests.serving.gateway.helpers import GatewayProcess, completion, token_events
+from tests.serving.testbed.helpers import Emulator
 
 pytestmark = pytest.mark.server
 
@@ -145,10 +145,11 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             holder = asyncio.create_task(
                 _hold_streams(gw.url, RANKS * SLOTS + POOL, 5000, opened, stop)
             )
-            for _ in range(200):
-                await asyncio.sleep(0.05)
-                if gw.metric("balanceroute_gateway_pool_size") >= POOL:
+            deadline = time.monotonic() + 30
+            while gw.metric("balanceroute_gateway_pool_size") < POOL:
+                if time.monotonic() > deadline:
                     break
+                await asyncio.sleep(0.05)
             async with httpx.AsyncClient(timeout=10) as client:
                 body = {"prompt": "one too many", "max_tokens": 2}
                 out["full"] = await client.post(gw.url + "/v1/completions", json=body)
@@ -157,12 +158,13 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             await holder
 
         asyncio.run(phase_b())
-        for _ in range(100):  # the slots and the pool empty once the clients are gone
-            time.sleep(0.05)
+        deadline = time.monotonic() + 30  # the slots and the pool empty once the clients go
+        while time.monotonic() < deadline:
             running = sum(gw.metric("balanceroute_gateway_rank_running_requests", rank=str(g))
                           for g in range(RANKS))  # fmt: skip
             if running == 0 and gw.metric("balanceroute_gateway_pool_size") == 0:
                 break
+            time.sleep(0.05)
         out["after_b"] = {"running": running, "pool": gw.metric("balanceroute_gateway_pool_size"),
                           "cancelled": gw.metric("balanceroute_gateway_requests_total",
                                                  outcome="cancelled")}  # fmt: skip
@@ -350,7 +352,11 @@ def test_a_killed_rank_loses_no_request_that_had_not_started(three_ranks, tmp_pa
                 await asyncio.gather(*(e.wait() for e in begun))  # one long stream per rank
                 os.kill(emus[2].proc.pid, signal.SIGSTOP)  # rank 2 hangs: nothing comes back
                 shorts = [asyncio.create_task(stream(10 + i, 30, None)) for i in range(6)]
-                await asyncio.sleep(0.4)  # a short request is forwarded to rank 2 meanwhile
+                deadline = time.monotonic() + 30  # until a short request is forwarded to rank 2
+                while time.monotonic() < deadline and await asyncio.to_thread(
+                    gw.metric, "balanceroute_gateway_rank_running_requests", rank="2"
+                ) < 2:
+                    await asyncio.sleep(0.05)
                 os.kill(emus[2].proc.pid, signal.SIGKILL)
                 finished, _ = await asyncio.wait(longs, timeout=30, return_when="FIRST_COMPLETED")
                 res["long_on_2"] = [t.result() for t in finished]

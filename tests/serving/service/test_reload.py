@@ -11,7 +11,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from service_helpers import post
+
+from tests.serving.service.helpers import post
 
 pytestmark = pytest.mark.server
 ROWS = [{"id": j, "prompt_tokens": 300 + j, "age": j} for j in range(64)]

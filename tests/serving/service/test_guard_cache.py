@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from service_helpers import Server, post
 
 from balanceroute.predict.survival import SurvivalEstimator
 from balanceroute.router.policies.guard import MIN_SNAPSHOTS
@@ -13,6 +12,7 @@ from balanceroute.serving.service.guard_cache import RouteGuards
 from balanceroute.serving.service.route_schemas import RouteRequest
 from balanceroute.serving.service.snapshot import decide
 from tests.router.helpers import frame
+from tests.serving.service.helpers import Server, post
 
 
 def _body(k: int, running: list[list[dict]], pool: list[dict]) -> dict:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import joblib
 import pytest
-from service_helpers import TOKEN, Server, post
+
+from tests.serving.service.helpers import TOKEN, Server, post
 
 pytestmark = pytest.mark.server
 SERVER_ARMS = ("survival", None)

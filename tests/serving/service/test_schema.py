@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
-from service_helpers import Server
+
+from tests.serving.service.helpers import Server
 
 pytestmark = pytest.mark.server
 SERVER_ARMS = ("survival", "exactmatch")

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from service_helpers import Server, load_model, post
 
 from balanceroute.router.policies.policy import RunContext
 from balanceroute.router.policies.registry import policy_class, policy_names
 from balanceroute.router.policies.state import ArrayPool, RequestTable, RouterState, RunningRequests
+from tests.serving.service.helpers import Server, load_model, post
 
 pytestmark = pytest.mark.server
 SERVER_ARMS = ("exactmatch", "survival")

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
-from service_helpers import Server, load_model, post, random_running
 
 from balanceroute.predict.base import CompletedBatch, RunningBatch
+from tests.serving.service.helpers import Server, load_model, post, random_running
 
 pytestmark = pytest.mark.server
 SERVER_ARMS = ("hazard", None)

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from balanceroute.features.limits import input_limits
 from balanceroute.serving.service.decode import CompletedColumns, fast_observe, fast_predict
-from balanceroute.serving.service.models import CompletionLog
+from balanceroute.serving.service.models import RecentCompletions
 from balanceroute.serving.service.schemas import ObserveRequest, PredictRequest
 
 ANY = st.one_of(
@@ -110,7 +110,7 @@ def test_fast_observe_agrees_with_the_model(data) -> None:
 
 @pytest.mark.parametrize("capacity", [0, 1, 5, 64])
 def test_the_completion_log_keeps_the_last_rows_in_order(capacity: int) -> None:
-    log = CompletionLog(capacity)
+    log = RecentCompletions(capacity)
     rows = np.arange(1, 40)
     for chunk in np.array_split(rows, [3, 4, 20, 21]):
         log.add(CompletedColumns(chunk, chunk * 10, chunk.astype(np.uint64), None))

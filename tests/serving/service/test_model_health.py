@@ -9,12 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from service_helpers import load_model
 
 from balanceroute.predict.base import Prediction
 from balanceroute.serving.lifecycle import health_problem
 from balanceroute.serving.service.decode import CompletedColumns
-from balanceroute.serving.service.models import ModelStore
+from balanceroute.serving.service.models import ModelSlots
+from tests.serving.service.helpers import load_model
 
 
 def cols(outputs: list[int]) -> CompletedColumns:
@@ -29,7 +29,7 @@ def cols(outputs: list[int]) -> CompletedColumns:
 
 def test_a_broken_update_is_not_replayed_and_reload_heals(model_dir: Path) -> None:
     async def scenario() -> None:
-        store = ModelStore({"a": str(model_dir / "survival.joblib")}, inline_rows=100)
+        store = ModelSlots({"a": str(model_dir / "survival.joblib")}, inline_rows=100)
         await store.reload(force=True)
         assert store.ready
         await store.observe(cols([10, 20, 30, 40]))
@@ -60,7 +60,7 @@ def test_an_observe_off_the_loop_equals_one_in_place(model_dir: Path, kind: str)
     outputs = rng.integers(1, 3000, 1000).tolist()
 
     async def fed(inline: int):
-        store = ModelStore({"a": str(model_dir / f"{kind}.joblib")}, inline_rows=inline)
+        store = ModelSlots({"a": str(model_dir / f"{kind}.joblib")}, inline_rows=inline)
         await store.reload(force=True)
         await store.observe(cols(outputs))
         return store.arms["a"].estimator
@@ -92,7 +92,7 @@ def test_health_check_catches_nonsense(model_dir: Path, bad: str) -> None:
 
 def test_readyz_fails_for_an_unhealthy_model(model_dir: Path) -> None:
     async def scenario() -> None:
-        store = ModelStore({"a": str(model_dir / "survival.joblib")})
+        store = ModelSlots({"a": str(model_dir / "survival.joblib")})
         await store.reload(force=True)
         assert store.check_health(0.0) == {}
         store.arms["a"].estimator.predict = lambda batch, survival=False: Prediction(

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
-from emulator_helpers import REPO, free_port_range, kill, terminate
 
 from balanceroute.serving.testbed.emulator.metrics import metric_total, parse_metrics
+from balanceroute.serving.testbed.harness import ServerProcess, clean_env, free_port
+from tests.serving.testbed.helpers import REPO
 
 CLI = [sys.executable, "-c", "import sys; from balanceroute.cli import main; sys.exit(main())"]
 
@@ -21,37 +19,22 @@ class GatewayProcess:
     """``balanceroute gateway`` in a subprocess, stopped by its own pid."""
 
     def __init__(self, log: Path, ranks: list[str], *args: str, env: dict | None = None) -> None:
-        self.port = free_port_range(1)
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         argv = [*CLI, "gateway", "--port", str(self.port), "--tick", "5ms"]
         for r in ranks:
             argv += ["--rank", r]
         argv += list(args)
-        full_env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", **(env or {})}
         self.out_path = log
-        self._out = open(log, "wb")
-        self.proc = subprocess.Popen(
-            argv, cwd=REPO, env=full_env, stdout=self._out, stderr=self._out
-        )
+        self.process = ServerProcess(argv, log=log, env=clean_env(env), cwd=REPO)
+        self.proc = self.process.proc
         self.wait_ready()
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"gateway exited with {self.proc.returncode}: {self.log()}")
-            try:
-                if httpx.get(self.url + "/readyz", timeout=1.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        self.kill()
-        raise RuntimeError(f"gateway not ready: {self.log()}")
+        self.process.wait_ready([self.url + "/readyz"], timeout_s)
 
     def log(self) -> str:
-        self._out.flush()
-        return self.out_path.read_text(errors="replace")[-3000:]
+        return self.process.log()
 
     def metric(self, name: str, **labels: str) -> float:
         text = httpx.get(self.url + "/metrics", timeout=5.0).text
@@ -65,12 +48,10 @@ class GatewayProcess:
 
     def stop(self, timeout_s: float = 30.0) -> int:
         """SIGTERM (the gateway writes its logs and results), then kill if it hangs."""
-        code = terminate(self.proc, timeout_s)
-        self._out.close()
-        return code
+        return self.process.terminate(timeout_s)
 
     def kill(self) -> None:
-        kill(self.proc)
+        self.process.kill()
 
 
 def completion(url: str, max_tokens: int, *, stream: bool, prompt: str = "hello there",

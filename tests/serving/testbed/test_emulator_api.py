@@ -10,11 +10,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from emulator_helpers import Emulator
 
 from balanceroute.cli import main
 from balanceroute.features.prompts import build_prompt, build_prompt_ids
 from balanceroute.serving.testbed.emulator.metrics import metric_total, parse_metrics
+from tests.serving.testbed.helpers import Emulator
 
 pytestmark = pytest.mark.server
 

@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 from schemathesis.checks import not_a_server_error
-from service_helpers import Server, post
 
 from balanceroute.features.limits import input_limits
+from tests.serving.service.helpers import Server, post
 
 pytestmark = pytest.mark.server
 LIMITS = input_limits()

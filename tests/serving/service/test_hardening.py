@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import shutil
 import socket
-import statistics
 import threading
 import time
 from pathlib import Path
@@ -14,9 +13,9 @@ import httpx
 import numpy as np
 import orjson
 import pytest
-from service_helpers import TOKEN, Server, post
 
 from balanceroute.features.limits import input_limits
+from tests.serving.service.helpers import TOKEN, Server, post
 
 pytestmark = pytest.mark.server
 
@@ -148,18 +147,16 @@ def test_a_maximal_route_call_leaves_probes_answering(server: Server) -> None:
 
     worker = threading.Thread(target=call)
     worker.start()
-    probes = []
+    probes = 0
     with server.client() as c:
-        time.sleep(0.05)
         while worker.is_alive():
-            t0 = time.perf_counter()
             assert c.get("/healthz").status_code == 200
-            probes.append(time.perf_counter() - t0)
+            probes += 1
             time.sleep(0.02)
     worker.join()
+    # how fast the probes answer is measured by benchmarks/perf/service_hardening.py
     assert result["status"] in (200, 503), result
-    assert len(probes) >= 3
-    assert max(probes) < 0.1, f"slowest /healthz {max(probes) * 1e3:.0f} ms during the route call"
+    assert probes >= 3
 
 
 def test_observe_floods_do_not_delay_predictions(server: Server) -> None:
@@ -172,7 +169,7 @@ def test_observe_floods_do_not_delay_predictions(server: Server) -> None:
             while not stop.is_set():
                 c.post("/v1/observe", content=flood, headers={"content-type": "application/json"})
 
-    latencies = []
+    answered = 0
     thread = threading.Thread(target=floods)
     thread.start()
     try:
@@ -180,17 +177,13 @@ def test_observe_floods_do_not_delay_predictions(server: Server) -> None:
             post(c, "/v1/predict", rows)
             end = time.monotonic() + 3.0
             while time.monotonic() < end:
-                t0 = time.perf_counter()
                 assert post(c, "/v1/predict", rows).status_code == 200
-                latencies.append(time.perf_counter() - t0)
+                answered += 1
     finally:
         stop.set()
         thread.join()
-    p99 = float(np.percentile(latencies, 99))
-    # the router's client budget is 20 ms; a loaded 2-core machine gets some slack
-    assert p99 < 0.1, (
-        f"predict p99 {p99 * 1e3:.1f} ms, median {statistics.median(latencies) * 1e3:.1f}"
-    )
+    # their latency (p99 within the router's 20 ms budget) is benchmarks/perf/service_hardening.py's
+    assert answered > 0
 
 
 def test_a_client_that_disconnects_mid_upload_is_499_and_one_log_line(server: Server) -> None:
@@ -202,11 +195,15 @@ def test_a_client_that_disconnects_mid_upload_is_499_and_one_log_line(server: Se
         with socket.create_connection(("127.0.0.1", server.port)) as sock:
             sock.sendall(head.encode() + b'{"completions": [')
         time.sleep(0.05)
-    time.sleep(0.3)
     with server.client() as c:
-        text = c.get("/metrics").text
-    assert 'status="499"' in text
-    log = server.log()
+        deadline = time.monotonic() + 30
+        while 'status="499"' not in c.get("/metrics").text:
+            assert time.monotonic() < deadline, "no 499 counted"
+            time.sleep(0.05)
+    deadline = time.monotonic() + 30
+    while "disconnected before its body arrived" not in (log := server.log()):
+        assert time.monotonic() < deadline, log
+        time.sleep(0.05)
     assert "Traceback" not in log
     assert log.count("disconnected before its body arrived") >= 1
 
@@ -251,8 +248,8 @@ def test_route_answers_503_past_its_deadline(start_server, model_dir: Path) -> N
 
 
 def test_predict_stays_within_budget_during_a_4096_row_observe(server: Server) -> None:
-    """One 4,096-row observe at a time, predictions in between: p99 within the client budget
-    on a quiet machine (asserted loosely here; benchmarks/perf/service_hardening.py measures)."""
+    """One 4,096-row observe at a time, predictions in between, every one answered (their p99
+    within the client budget is measured by benchmarks/perf/service_hardening.py)."""
     flood = orjson.dumps(completions(4096, 300, seed=9))
     rows = {"requests": [{"id": i, "prompt_tokens": 500, "age": i} for i in range(8)]}
     with server.client() as c, httpx.Client(base_url=server.url, timeout=30) as other:
@@ -264,10 +261,8 @@ def test_predict_stays_within_budget_during_a_4096_row_observe(server: Server) -
 
         t = threading.Thread(target=one)
         t.start()
-        lat = []
+        statuses = []
         while not done.is_set():
-            t0 = time.perf_counter()
-            post(c, "/v1/predict", rows)
-            lat.append(time.perf_counter() - t0)
+            statuses.append(post(c, "/v1/predict", rows).status_code)
         t.join()
-    assert lat and max(lat) < 0.25
+    assert statuses and set(statuses) == {200}

@@ -41,6 +41,7 @@ import httpx
 import numpy as np
 import pandas as pd
 
+from balanceroute.features.columns import canonical_columns
 from balanceroute.features.prompts import PROMPT_KEY_TOKENS, build_prompt, prompt_key_of
 from balanceroute.features.schema import hash_keys, to_arrays
 from balanceroute.features.trace_io import write_trace
@@ -209,8 +210,10 @@ def live_figures(out: Path, summary: dict, ts: float, step: float | None, n: int
     queue = pd.Series(rank_wait, index=done["request_id"].to_numpy())
     comp = out / "gateway" / "completions"
     if comp.exists():
-        gw = pd.concat([pd.read_parquet(p) for p in sorted(comp.glob("part-*.parquet"))])
-        queue = queue.add(gw.set_index("request_id")["queue_s"], fill_value=0.0)
+        gw = canonical_columns(
+            pd.concat([pd.read_parquet(p) for p in sorted(comp.glob("part-*.parquet"))])
+        )
+        queue = queue.add(gw.set_index("request_id")["queue_delay_s"], fill_value=0.0)
     return {
         "completed": summary["completed"],
         "failed": summary["failed"],

@@ -11,10 +11,8 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
+from balanceroute.features.constants import MAX_SLOTS, MAX_WORKERS
 from balanceroute.serving.http.settings import ServiceSettings
-
-MAX_RANKS = 4096
-MAX_SLOTS = 65_536
 
 
 def check_rank_url(url: str) -> str:
@@ -46,7 +44,7 @@ class GatewaySettings(ServiceSettings):
         description="header mode: the header naming the chosen rank (vLLM: X-data-parallel-rank)",
     )
     group_size: int | None = Field(
-        default=None, ge=1, le=MAX_RANKS, description="header mode: ranks behind the upstream"
+        default=None, ge=1, le=MAX_WORKERS, description="header mode: ranks behind the upstream"
     )
     slots: int = Field(ge=1, le=MAX_SLOTS, description="B: requests in flight per rank at most")
     router: str = Field(default="brh", description="router spec, as in simulate and ab")

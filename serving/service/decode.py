@@ -19,9 +19,9 @@ from fastapi import HTTPException
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
+from balanceroute.features.constants import MAX_HORIZON
 from balanceroute.features.schema import hash_keys
 from balanceroute.serving.service.schemas import (
-    MAX_HORIZON,
     MAX_OUTPUT_TOKENS,
     MAX_PROMPT_TOKENS,
     ObserveRequest,

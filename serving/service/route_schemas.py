@@ -11,12 +11,10 @@ from typing import Annotated, Any, Literal, get_args, get_type_hints
 
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError, create_model, field_validator
 
+from balanceroute.features.constants import MAX_HORIZON, MAX_WORKERS
 from balanceroute.router.policies.balance_config import BalanceRouteConfig
 from balanceroute.router.policies.registry import policy_names
 from balanceroute.serving.service.schemas import (
-    MAX_HORIZON,
-    MAX_SLOTS,
-    MAX_WORKERS,
     STRICT,
     Count,
     PoolRequestIn,
@@ -25,7 +23,7 @@ from balanceroute.serving.service.schemas import (
     Selector,
     WorkerIn,
 )
-from balanceroute.serving.service.settings import MAX_REQUESTS
+from balanceroute.serving.service.settings import MAX_REQUESTS, MAX_ROUTE_CELLS
 
 PolicyName = Literal[tuple(policy_names(live=True))]  # type: ignore[valid-type]
 
@@ -101,7 +99,7 @@ class RouteRequest(BaseModel):
     )
     workers: Annotated[list[WorkerIn], Field(min_length=1, max_length=MAX_WORKERS)]
     pool: Annotated[list[PoolRequestIn], Field(max_length=MAX_REQUESTS)]
-    slots: Annotated[int, Field(ge=1, le=MAX_SLOTS)] | None = Field(
+    slots: Annotated[int, Field(ge=1, le=MAX_ROUTE_CELLS)] | None = Field(
         default=None, description="B, slots per worker; default the most running + free"
     )
     iteration: Count = 0

@@ -18,16 +18,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from balanceroute.features.constants import MAX_HORIZON
 from balanceroute.features.limits import input_limits
-from balanceroute.serving.service.settings import MAX_REQUESTS
+from balanceroute.serving.service.settings import MAX_REQUESTS, MAX_ROUTE_CELLS
 
 LIMITS = input_limits()
 MAX_PROMPT_TOKENS = LIMITS.max_prompt_tokens
 MAX_OUTPUT_TOKENS = LIMITS.max_output_tokens
 MAX_COUNT = 2**53
-MAX_WORKERS = 512
-MAX_HORIZON = 1024
-MAX_SLOTS = 2**20
 
 PromptTokens = Annotated[
     int, Field(ge=1, le=MAX_PROMPT_TOKENS, description="prompt tokens (input limits)")
@@ -104,7 +102,7 @@ class WorkerIn(BaseModel):
     load: Annotated[float, Field(ge=0, le=1e15, allow_inf_nan=False)] | None = Field(
         default=None, description="KV tokens; default: sum of its running workloads"
     )
-    free_slots: Annotated[int, Field(ge=0, le=MAX_SLOTS)]
+    free_slots: Annotated[int, Field(ge=0, le=MAX_ROUTE_CELLS)]
     running: Annotated[list[RunningRequestIn], Field(max_length=MAX_REQUESTS)] = []
 
 

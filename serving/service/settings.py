@@ -8,6 +8,7 @@ from pydantic import Field, field_validator
 from balanceroute.serving.http.settings import ServiceSettings, load_settings
 
 MAX_REQUESTS = 16_384
+MAX_ROUTE_CELLS = 2**20  # workers x slots of one /v1/route call can be allowed at most
 
 
 class ServeSettings(ServiceSettings):
@@ -47,7 +48,7 @@ class ServeSettings(ServiceSettings):
     max_route_cells: int = Field(
         default=65_536,
         ge=1,
-        le=2**20,
+        le=MAX_ROUTE_CELLS,
         description="workers x slots of one /v1/route snapshot at most (422 above)",
     )
     max_route_window: int = Field(

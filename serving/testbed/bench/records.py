@@ -47,7 +47,7 @@ def records_frame(plan: Plan, records: list[RequestRecord]) -> pd.DataFrame:
             "target": plan.target,
             "scheduled_s": plan.send_s,
             "start_s": [r.start_s for r in records],
-            "queue_s": [r.queue_s for r in records],
+            "queue_delay_s": [r.queue_s for r in records],
             "prompt_tokens": plan.prompt_tokens,
             "max_tokens": plan.output_tokens,
             "output_tokens": tokens,

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import io
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -24,7 +23,7 @@ import orjson
 import pandas as pd
 
 from balanceroute.features.errors import UserError
-from balanceroute.features.files import write_bytes
+from balanceroute.features.files import write_bytes, write_parquet
 from balanceroute.features.schema import to_arrays
 from balanceroute.features.workload import WorkloadSpec, load_workload
 from balanceroute.router.lab.cost import cost_preset
@@ -215,9 +214,7 @@ def run_bench(config: BenchConfig) -> BenchResult:
         "source": source,
         "config": {**asdict(config), "api_key": "***" if config.api_key else None},
     }
-    buf = io.BytesIO()
-    table.to_parquet(buf, index=False)
-    write_bytes(out / "requests.parquet", buf.getvalue())
+    write_parquet(out / "requests.parquet", table)
     write_bytes(
         out / "summary.json",
         orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY, default=str),

@@ -257,37 +257,35 @@ def _completion_prompt(prompt: Any) -> str | list[int]:
     return batch[0]
 
 
-def create_rank_app(group: DecodeGroup, rank: int) -> FastAPI:
-    """The FastAPI app of rank ``rank`` of ``group``."""
-    cfg = group.config
-    model_name = cfg.model
-    app = FastAPI(
-        title=f"BalanceRoute engine emulator, rank {rank}",
-        docs_url=None,
-        redoc_url=None,
-    )
-    app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(BadRequest, _bad_request)
-    app.add_middleware(ReceivedAt, clock=group.clock)
-    state = group.ranks[rank]
+class RankFront:
+    """What the OpenAI endpoints of rank ``rank`` share: the checks every request passes and the
+    start of an accepted one."""
 
-    def check_common(body: CompletionRequest | ChatCompletionRequest) -> None:
-        if body.model is not None and body.model != model_name:
+    def __init__(self, group: DecodeGroup, rank: int) -> None:
+        self.group = group
+        self.rank = rank
+        self.cfg = group.config
+        self.model_name = group.config.model
+
+    def check_common(self, body: CompletionRequest | ChatCompletionRequest) -> None:
+        if body.model is not None and body.model != self.model_name:
             raise BadRequest(f"The model `{body.model}` does not exist.", 404, "NotFoundError")
         if body.n != 1:
             raise BadRequest("the emulator supports n = 1 only")
 
-    def target_rank(request: Request) -> int:
+    def target_rank(self, request: Request) -> int:
         """This port's rank, or the rank the configured header names (vLLM's external load
         balancing pins a request to a rank with ``X-data-parallel-rank``)."""
+        cfg = self.cfg
         named = request.headers.get(cfg.rank_header) if cfg.rank_header else None
         if named is None:
-            return rank
+            return self.rank
         if not named.strip().isdigit() or int(named) >= cfg.ranks:
             raise BadRequest(f"{cfg.rank_header} must be a rank in 0..{cfg.ranks - 1}, got {named!r}")
         return int(named)
 
     def start(
+        self,
         request: Request,
         body: CompletionRequest | ChatCompletionRequest,
         prompt_tokens: int,
@@ -296,7 +294,7 @@ def create_rank_app(group: DecodeGroup, rank: int) -> FastAPI:
     ) -> Response:
         if prompt_tokens < 1:
             raise BadRequest("the prompt is empty")
-        limit = cfg.max_model_len
+        limit = self.cfg.max_model_len
         if max_tokens is None:
             max_tokens = limit - prompt_tokens
         if prompt_tokens + max_tokens > limit:
@@ -307,8 +305,9 @@ def create_rank_app(group: DecodeGroup, rank: int) -> FastAPI:
                 "completion."
             )
         rid = request.headers.get("x-request-id") or body.request_id
+        group = self.group
         req = group.new_request(
-            target_rank(request),
+            self.target_rank(request),
             prompt_tokens=prompt_tokens,
             max_tokens=max_tokens,
             ignore_eos=body.ignore_eos,
@@ -319,12 +318,25 @@ def create_rank_app(group: DecodeGroup, rank: int) -> FastAPI:
         )
         group.submit(req)
         usage = bool(body.stream_options and body.stream_options.include_usage)
-        return EmulatedResponse(group, req, endpoint == "chat", model_name, usage)
+        return EmulatedResponse(group, req, endpoint == "chat", self.model_name, usage)
+
+
+def create_rank_app(group: DecodeGroup, rank: int) -> FastAPI:
+    """The FastAPI app of rank ``rank`` of ``group``."""
+    app = FastAPI(
+        title=f"BalanceRoute engine emulator, rank {rank}",
+        docs_url=None,
+        redoc_url=None,
+    )
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(BadRequest, _bad_request)
+    app.add_middleware(ReceivedAt, clock=group.clock)
+    front = RankFront(group, rank)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
         """OpenAI completions (text or token-id prompt)."""
-        check_common(body)
+        front.check_common(body)
         if body.logprobs is not None or body.prompt_logprobs is not None:
             raise BadRequest("the emulator does not return logprobs")
         if body.echo:
@@ -334,16 +346,27 @@ def create_rank_app(group: DecodeGroup, rank: int) -> FastAPI:
         prompt = _completion_prompt(body.prompt)
         if not isinstance(prompt, str) and any(t < 0 for t in prompt):
             raise BadRequest("token ids must be >= 0")
-        return start(request, body, count_tokens(prompt), body.max_tokens, "completions")
+        return front.start(request, body, count_tokens(prompt), body.max_tokens, "completions")
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         """OpenAI chat completions (the prompt is the messages' text)."""
-        check_common(body)
+        front.check_common(body)
         if body.logprobs:
             raise BadRequest("the emulator does not return logprobs")
         max_tokens = body.max_completion_tokens or body.max_tokens
-        return start(request, body, count_tokens(chat_text([m.model_dump() for m in body.messages])), max_tokens, "chat")
+        prompt = chat_text([m.model_dump() for m in body.messages])
+        return front.start(request, body, count_tokens(prompt), max_tokens, "chat")
+
+    _add_info_routes(app, group, rank)
+    return app
+
+
+def _add_info_routes(app: FastAPI, group: DecodeGroup, rank: int) -> None:
+    """``GET /v1/models``, ``/health``, ``/metrics`` and ``/v1/emulator/state``."""
+    cfg = group.config
+    model_name = cfg.model
+    state = group.rank_states[rank]
 
     @app.get("/v1/models")
     async def models() -> Response:
@@ -375,5 +398,3 @@ def create_rank_app(group: DecodeGroup, rank: int) -> FastAPI:
     async def emulator_state() -> Response:
         """The whole group's counters (not part of any engine's API)."""
         return Response(orjson.dumps({"rank": rank, **group.state()}), media_type=JSON_TYPE)
-
-    return app

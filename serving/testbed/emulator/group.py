@@ -34,8 +34,9 @@ from typing import Any
 
 import numpy as np
 
+from balanceroute.features.files import write_parquet
 from balanceroute.serving.testbed.emulator.config import EmulatorConfig
-from balanceroute.serving.testbed.emulator.iterlog import IterationLog, write_atomic
+from balanceroute.serving.testbed.emulator.iterlog import IterationLog
 from balanceroute.serving.testbed.emulator.metrics import RankMetrics
 
 WAITING, RUNNING, FINISHED, CANCELLED, ABORTED = range(5)
@@ -180,7 +181,7 @@ class DecodeGroup:
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.config = config
-        self.ranks = [RankState(g, config) for g in range(config.ranks)]
+        self.rank_states = [RankState(g, config) for g in range(config.ranks)]
         self.log = log if log is not None else IterationLog(None, config.ranks)
         self.clock = clock
         self.t0 = clock()
@@ -211,7 +212,7 @@ class DecodeGroup:
     ) -> EmuRequest:
         """A request for ``rank`` with its output length drawn (not yet submitted);
         ``recv_s`` is when it reached the server (default: now)."""
-        state = self.ranks[rank]
+        state = self.rank_states[rank]
         target = max_tokens if ignore_eos else self.config.output.draw(state.rng, max_tokens)
         seq = self.seq
         self.seq += 1
@@ -230,7 +231,7 @@ class DecodeGroup:
     def submit(self, req: EmuRequest) -> None:
         """Queue ``req`` on its rank; it joins at the next iteration start."""
         req.arrival_iter = self.k + 1 if self.in_iteration else self.k
-        self.ranks[req.rank].waiting.append(req)
+        self.rank_states[req.rank].waiting.append(req)
         self.accepted += 1
         w = self._wake
         if w is not None and not w.done():
@@ -241,7 +242,7 @@ class DecodeGroup:
         if req.closed or req.cancelled:
             return
         req.cancelled = True
-        self.ranks[req.rank].cancel_flag = True
+        self.rank_states[req.rank].cancel_flag = True
         req.wake()
 
     def release(self, req: EmuRequest) -> None:
@@ -255,7 +256,7 @@ class DecodeGroup:
     def _close(self, req: EmuRequest, state: int, now: float) -> None:
         req.state = state
         req.finish_s = now
-        metrics = self.ranks[req.rank].metrics
+        metrics = self.rank_states[req.rank].metrics
         if state == FINISHED:
             metrics.success[req.finish_reason] += 1
             metrics.e2e.observe(now - req.recv_s)
@@ -265,7 +266,7 @@ class DecodeGroup:
         self.release(req)
 
     def _remove_cancelled(self, now: float) -> None:
-        for rank in self.ranks:
+        for rank in self.rank_states:
             if not rank.cancel_flag:
                 continue
             rank.cancel_flag = False
@@ -286,7 +287,7 @@ class DecodeGroup:
     def abort_all(self) -> None:
         """Close every request (shutdown): handlers end their responses."""
         now = self.clock()
-        for rank in self.ranks:
+        for rank in self.rank_states:
             for r in [*rank.running, *rank.waiting]:
                 self._close(r, ABORTED, now)
             rank.running = []
@@ -295,14 +296,14 @@ class DecodeGroup:
 
     def has_work(self) -> bool:
         """True while any rank holds a running or waiting request."""
-        return any(r.running or r.waiting for r in self.ranks)
+        return any(r.running or r.waiting for r in self.rank_states)
 
     # ---- the clock ------------------------------------------------------------------------
 
     def _admit(self, k: int, now: float) -> int:
         slots = self.config.slots
         total = 0
-        for rank in self.ranks:
+        for rank in self.rank_states:
             free = slots - len(rank.running)
             q = rank.waiting
             adm = 0
@@ -323,7 +324,7 @@ class DecodeGroup:
     def _emit(self, t_end: float, prev_end: float | None) -> tuple[int, int]:
         """End of an iteration: every running request emits one token (one pass)."""
         emitted = finished = 0
-        for rank in self.ranks:
+        for rank in self.rank_states:
             running = rank.running
             n = len(running)
             if n == 0:
@@ -370,7 +371,7 @@ class DecodeGroup:
         scale = cfg.time_scale
         t_fixed = cfg.cost.t_fixed_s + cfg.cost.t_comm_s
         t_token = cfg.cost.t_token_s
-        ranks = self.ranks
+        ranks = self.rank_states
         log = self.log
         cols, per_rank = log.cols, log.per_rank
         prev_end: float | None = None
@@ -442,12 +443,12 @@ class DecodeGroup:
     def _flush_iterations(self) -> None:
         table = self.log.take()
         if table is not None:
-            self._in_thread(write_atomic, table, self.log.iteration_path())
+            self._in_thread(write_parquet, self.log.iteration_path(), table)
 
     def _flush_requests(self) -> None:
         table = self.log.take_requests()
         if table is not None:
-            self._in_thread(write_atomic, table, self.log.request_path())
+            self._in_thread(write_parquet, self.log.request_path(), table)
 
     async def flush(self) -> None:
         """Write everything buffered and wait for every pending write (at shutdown)."""
@@ -476,6 +477,6 @@ class DecodeGroup:
                     "prompt_tokens": r.metrics.prompt_tokens,
                     "finished": dict(r.metrics.success),
                 }
-                for r in self.ranks
+                for r in self.rank_states
             ],
         }

@@ -19,10 +19,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from balanceroute.features.columns import canonical_columns
 from balanceroute.features.errors import UserError
-from balanceroute.features.files import atomic_output
 
 SCALAR_COLUMNS = (
     ("iteration", np.int64),
@@ -40,7 +39,7 @@ RANK_COLUMNS = ("loads", "running", "waiting")
 REQUEST_COLUMNS = (
     "seq",
     "request_id",
-    "rank",
+    "worker",
     "endpoint",
     "stream",
     "prompt_tokens",
@@ -49,19 +48,13 @@ REQUEST_COLUMNS = (
     "generated",
     "finish_reason",
     "arrival_iter",
-    "admit_iter",
+    "admit_iteration",
     "recv_s",
     "admit_s",
     "first_token_s",
     "first_sent_s",
     "finish_s",
 )
-
-
-def write_atomic(table: pa.Table, path: Path) -> None:
-    """Write a Parquet file whole or not at all."""
-    with atomic_output(path) as tmp:
-        pq.write_table(table, tmp)
 
 
 class IterationLog:
@@ -141,6 +134,7 @@ def read_log(directory: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
         parts = sorted((base / sub).glob("part-*.parquet"))
         if parts:
             frame = pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)
+            frame = canonical_columns(frame)  # logs written with the old column names too
             frame = frame.sort_values(key, kind="stable").reset_index(drop=True)
         else:
             frame = pd.DataFrame(

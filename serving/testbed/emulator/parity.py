@@ -43,8 +43,8 @@ def replay(
     iterations: pd.DataFrame, requests: pd.DataFrame, config: EmulatorConfig
 ) -> tuple[SimResult, pd.DataFrame]:
     """Run the simulator on the emulator's admitted requests; also return them in release order."""
-    adm = requests[requests["admit_iter"] >= 0].copy()
-    adm["release_s"] = release_times(iterations, adm["admit_iter"].to_numpy())
+    adm = requests[requests["admit_iteration"] >= 0].copy()
+    adm["release_s"] = release_times(iterations, adm["admit_iteration"].to_numpy())
     adm = adm.sort_values(["release_s", "seq"], kind="stable").reset_index(drop=True)
     prompts = adm["prompt_tokens"].to_numpy(dtype=np.int64)
     table = RequestTable(
@@ -58,7 +58,7 @@ def replay(
         output_tokens=adm["generated"].to_numpy(dtype=np.int64),
         table=table,
     )
-    policy = ScriptedPolicy(adm["admit_iter"].to_numpy(), adm["rank"].to_numpy())
+    policy = ScriptedPolicy(adm["admit_iteration"].to_numpy(), adm["worker"].to_numpy())
     sim_cfg = SimConfig(workers=config.ranks, slots=config.slots, cost=config.cost, validate=True)
     return simulate(released, policy, sim_cfg), adm
 

@@ -53,7 +53,7 @@ def test_loads_tokens_and_fcfs_by_hand():
     start = log.cols["model_start_s"][: log.j]
     np.testing.assert_array_equal(start[1:], start[:-1] + dur[:-1])
     assert (log.per_rank["running"][: log.j] <= 2).all()
-    m = group.ranks[0].metrics
+    m = group.rank_states[0].metrics
     assert m.generation_tokens == 9 and m.prompt_tokens == 25 and m.success["length"] == 5
 
 
@@ -71,4 +71,4 @@ def test_cancelled_request_leaves_at_the_next_iteration_with_its_tokens():
     assert long.state != 2 and 3 <= long.generated < 10  # cancelled, kept its tokens
     k_leave = long.admit_iter + long.generated
     assert queued[0].admit_iter == k_leave and queued[1].admit_iter == k_leave + 2
-    assert group.ranks[0].metrics.success["abort"] == 1
+    assert group.rank_states[0].metrics.success["abort"] == 1

@@ -122,8 +122,8 @@ def test_ranks_hold_at_most_b_and_queues_drain_fcfs(live_run):
     assert running.max() == SLOTS
     assert waiting.max() > 0, "the test should make queues form"
     assert (waiting[running < SLOTS] == 0).all()  # nobody waits while a slot is free
-    for _, rank in rq.groupby("rank"):
-        admit = rank.sort_values("seq")["admit_iter"].to_numpy()
+    for _, rank in rq.groupby("worker"):
+        admit = rank.sort_values("seq")["admit_iteration"].to_numpy()
         assert (np.diff(admit) >= 0).all(), "a rank admitted out of arrival order"
     # request ids sent by bench are the ones the emulator logged
     assert set(rq["request_id"]) == {*live_run["requests"]["request_id"], "walker"}

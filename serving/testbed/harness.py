@@ -105,7 +105,7 @@ class ServerProcess:
         """The last 3,000 characters of the process's output."""
         if self.log_path is None:
             return ""
-        if not isinstance(self._out, int):
+        if not isinstance(self._out, int) and not self._out.closed:
             self._out.flush()
         return self.log_path.read_text(errors="replace")[-3000:]
 

@@ -102,3 +102,18 @@ def random_running(rng: np.random.Generator, n: int, key_pool: Sequence[int]) ->
     keys = np.asarray(key_pool, dtype=np.uint64)[rng.integers(0, len(key_pool), n)]
     rows = running_rows(prompt.tolist(), age.tolist(), keys.tolist())
     return {"prompt": prompt, "age": age, "keys": keys, "rows": rows}
+
+
+def completion_rows(history: Any, key_pool: np.ndarray, n: int) -> dict[str, Any]:
+    """The last ``n`` requests of ``history`` as completions (keys from ``key_pool``, times from
+    5,000 to 5,100 s): ``tail``, ``keys``, ``times`` and the ``rows`` of ``POST /v1/observe``."""
+    tail = history.tail(n)
+    keys = np.asarray(key_pool)[np.arange(n) % key_pool.size]
+    times = np.linspace(5000.0, 5100.0, n)
+    rows = [
+        {"prompt_tokens": int(p), "output_tokens": int(o), "prompt_key": int(k), "time_s": t}
+        for p, o, k, t in zip(
+            tail["prompt_tokens"], tail["output_tokens"], keys, times.tolist(), strict=True
+        )
+    ]
+    return {"tail": tail, "keys": keys, "times": times, "rows": rows}

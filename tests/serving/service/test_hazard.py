@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from balanceroute.predict.base import CompletedBatch, RunningBatch
-from tests.serving.service.helpers import Server, load_model, post, random_running
+from tests.serving.service.helpers import Server, completion_rows, load_model, post, random_running
 
 pytestmark = pytest.mark.server
 SERVER_ARMS = ("hazard", None)
@@ -44,15 +44,8 @@ def test_hazard_is_served_like_in_process(
 ) -> None:
     rng = np.random.default_rng(17)
     _check(module_server, mirror, random_running(rng, 200, key_pool), 4321.0)
-    tail = history.tail(150)
-    keys = np.asarray(key_pool)[np.arange(150) % key_pool.size]
-    times = np.linspace(5000.0, 5100.0, 150)
-    rows = [
-        {"prompt_tokens": int(p), "output_tokens": int(o), "prompt_key": int(k), "time_s": t}
-        for p, o, k, t in zip(
-            tail["prompt_tokens"], tail["output_tokens"], keys, times.tolist(), strict=True
-        )
-    ]
+    done = completion_rows(history, key_pool, 150)
+    tail, keys, times, rows = done["tail"], done["keys"], done["times"], done["rows"]
     with module_server.client() as c:
         assert post(c, "/v1/observe", {"completions": rows}).status_code == 200
     mirror.observe(

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from balanceroute.predict.base import CompletedBatch, RunningBatch
-from tests.serving.service.helpers import Server, load_model, post, random_running
+from tests.serving.service.helpers import Server, completion_rows, load_model, post, random_running
 
 pytestmark = pytest.mark.server
 SERVER_ARMS = ("gbdt", "exactmatch")
@@ -55,15 +55,8 @@ def test_predictions_equal_in_process_bit_for_bit(
 def test_observe_feeds_every_arm_like_in_process(
     module_server: Server, mirrors: dict, history, key_pool: np.ndarray
 ) -> None:
-    tail = history.tail(200)
-    keys = np.asarray(key_pool)[np.arange(200) % key_pool.size]
-    times = np.linspace(5000.0, 5100.0, 200)
-    rows = [
-        {"prompt_tokens": int(p), "output_tokens": int(o), "prompt_key": int(k), "time_s": t}
-        for p, o, k, t in zip(
-            tail["prompt_tokens"], tail["output_tokens"], keys, times.tolist(), strict=True
-        )
-    ]
+    done = completion_rows(history, key_pool, 200)
+    tail, keys, times, rows = done["tail"], done["keys"], done["times"], done["rows"]
     with module_server.client() as c:
         resp = post(c, "/v1/observe", {"completions": rows})
         assert resp.status_code == 200, resp.text

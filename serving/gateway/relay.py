@@ -1,5 +1,6 @@
-"""One request through the gateway: wait in the pool, forward to the chosen rank, relay the
-stream back, count its tokens, and leave the group exactly once.
+"""The bytes of one request through the gateway: forward it to the rank it was given, relay the
+stream back and count its tokens. Its life in the group (pool, admission, progress, departure,
+exactly once) is :class:`~balanceroute.serving.gateway.life.RequestLife`'s.
 
 The upstream request always streams, with ``stream_options`` asking for usage in every chunk
 (vLLM's ``continuous_usage_stats``; SGLang accepts it too); what the client did not ask for is
@@ -28,6 +29,7 @@ import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from balanceroute.serving.gateway.life import LiveRequest, RequestLife
 from balanceroute.serving.gateway.runtime import Gateway
 from balanceroute.serving.openai.responses import error_body, whole_answer, whole_choice
 from balanceroute.serving.openai.sse import (
@@ -44,27 +46,6 @@ RETRY, FINISHED = "retry", "finished"
 
 class UpstreamBroke(Exception):
     """The rank's stream ended without ``[DONE]``."""
-
-
-@dataclass
-class LiveRequest:
-    """A request as the gateway handles it."""
-
-    request_id: str
-    path: str
-    chat: bool
-    body: dict[str, Any]
-    stream: bool
-    usage: bool  # the client asked for the final usage chunk
-    continuous: bool  # the client asked for usage in every chunk
-    prompt_tokens: int
-    prompt_key: str
-    arrival: float  # monotonic
-    arrival_epoch: float
-    position: int
-    admitted: asyncio.Future[int]  # resolved with the rank by the decision loop
-    finished: bool = False
-    queue_s: float = 0.0  # arrival to the last forward
 
 
 @dataclass
@@ -108,7 +89,7 @@ class Relay(Response):
         self.status_code = 200
         self.background = None
         self.raw_headers = []
-        self.gw = gw
+        self.life = RequestLife(gw, req)
         self.req = req
         self.started = False  # a token (and the response start) reached the client
 
@@ -119,7 +100,7 @@ class Relay(Response):
             await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
             if not work.done():  # the client went away
                 work.cancel()
-                self.gw.metrics.outcomes.labels("cancelled").inc()
+                self.life.count("cancelled")
             try:
                 await work
             except asyncio.CancelledError:
@@ -127,80 +108,48 @@ class Relay(Response):
                     raise
         finally:
             watch.cancel()
-            self._leave_if_needed()
-
-    def _leave_if_needed(self) -> None:
-        """However the request ended, its position leaves the pool or its rank once."""
-        req, gw = self.req, self.gw
-        if req.finished:
-            return
-        req.finished = True
-        gw.dispatcher.forget(req.position)
-        group = gw.group
-        if req.position in group.pool.order:
-            group.abandon(req.position)
-        elif group.rank[req.position] >= 0:
-            group.leave(req.position, int(group.age[req.position]), learn=False)
-            gw.dispatcher.wake()
+            self.life.leave()  # however the request ended, it leaves the group once
 
     # ---- the request's life ---------------------------------------------------------------
     async def run(self, send: Send) -> None:
-        gw, req = self.gw, self.req
-        body = upstream_body(req.body)
-        for attempt in range(gw.settings.max_attempts):
-            rank = await req.admitted
-            now = gw.clock()
-            wait = req.queue_s = now - req.arrival
-            gw.metrics.wait.labels(gw.arm_label).observe(wait)
-            gw.switchback.admitted(wait, now)
+        life = self.life
+        body = upstream_body(self.req.body)
+        attempts = life.max_attempts
+        for attempt in range(attempts):
+            rank = await life.admitted()
             outcome = await self.forward(rank, body, send)
             if outcome == FINISHED:
                 return
-            gw.metrics.reroutes.labels(str(rank)).inc()
-            if attempt + 1 == gw.settings.max_attempts:
+            if not life.requeued(rank, last=attempt + 1 == attempts):
                 break
-            new = gw.group.requeue(req.position)
-            if new is None:
-                break
-            gw.dispatcher.forget(req.position)
-            req.position = new
-            req.admitted = gw.dispatcher.waiter(new)
-            gw.dispatcher.wake()
-        self._fail_before_start()
+        life.abandoned("failed")
         await _send_error(
             send, 502, f"no rank could serve the request after {attempt + 1} attempts"
         )
 
-    def _fail_before_start(self) -> None:
-        self._leave_if_needed()
-        self.gw.metrics.outcomes.labels("failed").inc()
-
     async def forward(self, rank: int, body: bytes, send: Send) -> str:
         """One attempt on ``rank``: FINISHED (answered, well or not) or RETRY (nothing reached
         the client and the rank failed)."""
-        gw, req = self.gw, self.req
-        url = gw.settings.rank_url(rank) + req.path
-        headers = gw.upstream_headers(rank, req.request_id)
+        life = self.life
+        url, headers = life.forwarded(rank)
         st = Stream()
         try:
-            async with gw.session.post(url, data=body, headers=headers) as resp:
+            async with life.session.post(url, data=body, headers=headers) as resp:
                 if resp.status != 200:
                     content = await resp.read()
                     if resp.status >= 500 or resp.status == 429:
-                        gw.health.suspect(rank, f"answered {resp.status}")
+                        life.rank_failed(rank, f"answered {resp.status}")
                         return RETRY
-                    self._leave_if_needed()
-                    gw.metrics.outcomes.labels("rank_refused").inc()
+                    life.abandoned("rank_refused")
                     kind = resp.headers.get("content-type", "application/json")
                     await _send_whole(send, resp.status, content, kind)
                     return FINISHED
                 await self._relay(resp, st, send)
         except (aiohttp.ClientError, OSError, TimeoutError, UpstreamBroke) as exc:
             if st.first_t is None:  # the rank produced nothing: known not to have started
-                gw.health.suspect(rank, f"{type(exc).__name__}: {exc}")
+                life.rank_failed(rank, f"{type(exc).__name__}: {exc}")
                 return RETRY
-            self._leave_if_needed()
-            gw.metrics.outcomes.labels("broken").inc()
+            life.abandoned("broken")
             message = f"rank {rank} failed after the first token ({type(exc).__name__})"
             if self.started:
                 await _send_event_error(send, message)
@@ -216,7 +165,7 @@ class Relay(Response):
             events = splitter.feed(data)
             if not events:
                 continue
-            now = self.gw.clock()
+            now = self.life.clock()
             before = st.tokens
             out = [b for ev in events if (b := self._event(ev, st, now)) is not None]
             if st.tokens > before:
@@ -289,11 +238,7 @@ class Relay(Response):
         return event + b"\n\n"
 
     def _progress(self, st: Stream, new: int, now: float) -> None:
-        gw, pos = self.gw, self.req.position
-        gw.group.advance(pos, st.tokens)
-        if st.usage_prompt > 0:
-            gw.group.correct_prompt(pos, st.usage_prompt)
-        gw.switchback.tokens(new, now)
+        self.life.progress(st.tokens, new, st.usage_prompt, now)
 
     async def _start_stream(self, send: Send, st: Stream) -> None:
         headers = [
@@ -307,26 +252,13 @@ class Relay(Response):
             await send({"type": "http.response.body", "body": body, "more_body": True})
 
     async def _finish(self, rank: int, st: Stream, send: Send) -> None:
-        gw, req = self.gw, self.req
-        now = gw.clock()
+        req = self.req
+        now = self.life.clock()
         if st.first_t is None:  # no token at all (max_tokens reached at once?): still an answer
             st.first_t = st.last_t = now
         tokens = max(1, st.tokens)
         prompt = st.usage_prompt if st.usage_prompt > 0 else req.prompt_tokens
-        ttft = st.first_t - req.arrival
-        tpot = (st.last_t - st.first_t) / (tokens - 1) if tokens > 1 else None
-        arm = gw.arm_label
-        gw.metrics.ttft.labels(arm).observe(ttft)
-        if tpot is not None:
-            gw.metrics.tpot.labels(arm).observe(tpot)
-            gw.switchback.finished(tpot, now)
-        gw.metrics.outcomes.labels("completed").inc()
-        gw.log.add(req.request_id, req.arrival_epoch, prompt, tokens, req.prompt_key, rank, arm,
-                   req.queue_s, time.time())  # fmt: skip
-        req.finished = True
-        gw.dispatcher.forget(req.position)
-        gw.group.leave(req.position, tokens, learn=True)
-        gw.dispatcher.wake()
+        self.life.finished(rank, st.first_t, st.last_t, tokens, prompt, now)  # type: ignore[arg-type]
         if req.stream:
             if not self.started:
                 await self._start_stream(send, st)

@@ -12,8 +12,8 @@ from balanceroute.cli.options import (
     workload_from_args,
 )
 from balanceroute.router.lab.cost import COST_PRESETS
-from balanceroute.serving.bench.plan import ENDPOINTS, PROMPT_FORMATS
-from balanceroute.serving.bench.run import BenchConfig, run_bench
+from balanceroute.serving.testbed.bench.plan import ENDPOINTS, PROMPT_FORMATS
+from balanceroute.serving.testbed.bench.run import BenchConfig, run_bench
 
 
 def register(sub: argparse._SubParsersAction) -> None:

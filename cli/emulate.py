@@ -6,14 +6,14 @@ import argparse
 
 from balanceroute.cli.options import positive_float, positive_int
 from balanceroute.router.lab.cost import COST_PRESETS, cost_preset
-from balanceroute.serving.emulator.config import (
+from balanceroute.serving.testbed.emulator.config import (
     DEFAULT_MODEL,
     OUTPUT_KINDS,
     EmulatorConfig,
     OutputLengths,
 )
-from balanceroute.serving.emulator.iterlog import IterationLog
-from balanceroute.serving.emulator.runner import exec_emulator
+from balanceroute.serving.testbed.emulator.iterlog import IterationLog
+from balanceroute.serving.testbed.emulator.runner import exec_emulator
 
 
 def register(sub: argparse._SubParsersAction) -> None:

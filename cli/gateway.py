@@ -8,7 +8,7 @@ import re
 from balanceroute.cli.options import add_alias, positive_float, positive_int
 from balanceroute.serving.gateway.server import build_gateway, run_gateway
 from balanceroute.serving.gateway.settings import GatewaySettings
-from balanceroute.serving.settings import load_settings
+from balanceroute.serving.http.settings import load_settings
 
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h)?\s*$")
 _UNIT = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}

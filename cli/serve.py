@@ -11,8 +11,8 @@ import argparse
 import os
 import sys
 
-from balanceroute.serving.server import load_settings
-from balanceroute.serving.sources import check_uri
+from balanceroute.serving.service.server import load_serve_settings
+from balanceroute.serving.service.sources import check_uri
 
 FLAGS = ("model_uri", "model_uri_b", "host", "port", "log_level")
 
@@ -20,7 +20,7 @@ FLAGS = ("model_uri", "model_uri_b", "host", "port", "log_level")
 def cmd_serve(args: argparse.Namespace) -> int:
     """Check the configuration here (errors exit 2), then exec the lean server process."""
     flags = {k: getattr(args, k) for k in FLAGS}
-    settings = load_settings(flags)
+    settings = load_serve_settings(flags)
     for uri in settings.uris().values():
         check_uri(uri)
     env = dict(os.environ)
@@ -28,7 +28,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     env.setdefault("OMP_NUM_THREADS", "1")
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, "-m", "balanceroute.serving"], env)
+    os.execve(sys.executable, [sys.executable, "-m", "balanceroute.serving.service"], env)
     return 0  # pragma: no cover - exec does not return
 
 

@@ -7,7 +7,7 @@ import json
 
 from balanceroute.cli.options import bounded_float, bounded_int
 from balanceroute.features.files import jsonable
-from balanceroute.serving.solve import solve_posted_step
+from balanceroute.serving.service.solve import solve_posted_step
 
 
 def register(sub: argparse._SubParsersAction) -> None:

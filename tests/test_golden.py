@@ -107,4 +107,4 @@ def test_refitted_models_predict_as_recorded(kind: str, trace_and_snapshots) -> 
 def test_service_answers_as_recorded(trace_and_snapshots) -> None:
     _, snap = trace_and_snapshots
     want = json.loads((GOLDEN / "service.json").read_text())
-    assert record_service(snap, ["balanceroute.serving"]) == want
+    assert record_service(snap, ["balanceroute.serving.service"]) == want

@@ -31,8 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -43,6 +41,7 @@ import httpx
 import numpy as np
 import pandas as pd
 
+from balanceroute.features.columns import canonical_columns
 from balanceroute.features.constants import DEFAULT_HORIZON
 from balanceroute.features.prompts import PROMPT_KEY_TOKENS, build_prompt, prompt_key_of
 from balanceroute.features.schema import hash_keys, to_arrays
@@ -55,7 +54,8 @@ from balanceroute.router.lab.prefill import ReleasedRequests, rate_scale_for_loa
 from balanceroute.router.lab.simulator import SimConfig, simulate
 from balanceroute.router.policies.specs import RouterSpec
 from balanceroute.router.policies.state import RequestTable
-from balanceroute.serving.emulator.iterlog import rank_matrix, read_log
+from balanceroute.serving.testbed.emulator.iterlog import rank_matrix, read_log
+from balanceroute.serving.testbed.harness import ServerProcess, clean_env, free_port, free_ports
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 TRACES = {"azure": "azure_llm_2023_conv.csv", "mooncake": "mooncake_conversation.jsonl"}
@@ -67,46 +67,8 @@ SWITCHBACK_KEYS = ("windows_done", "per_arm", "paired_vs_reference", "bench_comp
 CLI = [sys.executable, "-c", "import sys; from balanceroute.cli import main; sys.exit(main())"]
 
 
-def free_ports(count: int) -> int:
-    """A base port with ``count`` consecutive free ports."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + count >= 65535:
-            continue
-        try:
-            for p in range(base, base + count):
-                with socket.socket() as t:
-                    t.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no free ports")
-
-
-def wait_http(url: str, proc: subprocess.Popen, timeout_s: float = 180.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[-1] if proc.args else 'process'} exited")
-        try:
-            if httpx.get(url, timeout=1.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{url} did not answer")
-
-
-def stop(proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+def stop(server: ServerProcess, timeout_s: float = 60.0) -> None:
+    server.terminate(timeout_s)
 
 
 def live_key(key: object, n: int) -> str:
@@ -175,31 +137,25 @@ def sim_arm(rel: ReleasedRequests, spec: str, model_file: str | None) -> dict[st
 
 
 # ---- live runs ---------------------------------------------------------------------------------
-def start_emulator(ts: float, log_dir: Path, out: Path) -> tuple[subprocess.Popen, list[str]]:
+def start_emulator(ts: float, log_dir: Path, out: Path) -> tuple[ServerProcess, list[str]]:
     base = free_ports(G)
     cfg = {"ranks": G, "slots": B, "time_scale": ts, "port_base": base, "log_dir": str(log_dir)}
-    args = [sys.executable, "-m", "balanceroute.serving.emulator", json.dumps(cfg)]
-    proc = subprocess.Popen(args, stdout=out.open("wb"), stderr=subprocess.STDOUT)
+    args = [sys.executable, "-m", "balanceroute.serving.testbed.emulator", json.dumps(cfg)]
+    proc = ServerProcess(args, log=out)
     urls = [f"http://127.0.0.1:{base + g}" for g in range(G)]
-    for u in urls:
-        wait_http(u + "/health", proc)
+    proc.wait_ready([u + "/health" for u in urls], timeout_s=180, poll_s=0.2)
     return proc, urls
 
 
-def start_gateway(urls: list[str], extra: list[str], out_dir: Path) -> tuple[subprocess.Popen, str]:
-    port = free_ports(1)
+def start_gateway(urls: list[str], extra: list[str], out_dir: Path) -> tuple[ServerProcess, str]:
+    port = free_port()
     args = [*CLI, "gateway", "--slots", str(B), "--port", str(port), "--out", str(out_dir)]
     for u in urls:
         args += ["--rank", u]
-    env = {**os.environ, "BALANCEROUTE_LOG_LEVEL": "warning"}
-    proc = subprocess.Popen(
-        args + extra,
-        stdout=(out_dir.parent / "gateway.out").open("wb"),
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
+    env = clean_env({"BALANCEROUTE_LOG_LEVEL": "warning"})
+    proc = ServerProcess(args + extra, log=out_dir.parent / "gateway.out", env=env)
     url = f"http://127.0.0.1:{port}"
-    wait_http(url + "/readyz", proc)
+    proc.wait_ready([url + "/readyz"], timeout_s=180, poll_s=0.2)
     return proc, url
 
 
@@ -255,8 +211,10 @@ def live_figures(out: Path, summary: dict, ts: float, step: float | None, n: int
     queue = pd.Series(rank_wait, index=done["request_id"].to_numpy())
     comp = out / "gateway" / "completions"
     if comp.exists():
-        gw = pd.concat([pd.read_parquet(p) for p in sorted(comp.glob("part-*.parquet"))])
-        queue = queue.add(gw.set_index("request_id")["queue_s"], fill_value=0.0)
+        gw = canonical_columns(
+            pd.concat([pd.read_parquet(p) for p in sorted(comp.glob("part-*.parquet"))])
+        )
+        queue = queue.add(gw.set_index("request_id")["queue_delay_s"], fill_value=0.0)
     return {
         "completed": summary["completed"],
         "failed": summary["failed"],

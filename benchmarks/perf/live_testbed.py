@@ -34,8 +34,6 @@ import argparse
 import json
 import os
 import platform
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -47,36 +45,14 @@ import numpy as np
 import pandas as pd
 import psutil
 
-from balanceroute.serving.emulator.iterlog import rank_matrix, read_log
+from balanceroute.serving.testbed.emulator.iterlog import rank_matrix, read_log
+from balanceroute.serving.testbed.harness import ServerProcess, free_ports
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 SWEEP = ((8, 32), (8, 64), (16, 48), (16, 64), (32, 64), (32, 128))
 SCALES_DOWN = (0.75, 0.5, 0.35, 0.25)
 SCALES_UP = (2.0, 4.0, 8.0)
-
-
-def free_base(count: int) -> int:
-    """A base port with ``count`` free consecutive ports."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + count > 65000:
-            continue
-        try:
-            socks = []
-            for p in range(base, base + count):
-                k = socket.socket()
-                socks.append(k)
-                k.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for k in socks:
-                k.close()
-    raise RuntimeError("no free port range")
 
 
 def write_trace(path: Path, n: int, *, rate: float | None, out_lo: int, out_hi: int, seed: int):
@@ -100,38 +76,21 @@ class Emulator:
     """A ``balanceroute emulate`` process with its log."""
 
     def __init__(self, ranks: int, slots: int, scale: float, log_dir: Path) -> None:
-        self.base = free_base(ranks)
+        self.base = free_ports(ranks)
         self.urls = [f"http://127.0.0.1:{self.base + g}" for g in range(ranks)]
         args = [str(BIN / "balanceroute"), "emulate", "--ranks", str(ranks), "--slots", str(slots)]
         args += ["--time-scale", str(scale), "--port-base", str(self.base), "--log", str(log_dir)]
-        self.out = open(log_dir.parent / "emulator.out", "wb")
-        self.proc = subprocess.Popen(args, stdout=self.out, stderr=self.out)
+        self.server = ServerProcess(args, log=log_dir.parent / "emulator.out")
+        self.proc = self.server.proc
         self.ps = psutil.Process(self.proc.pid)
-        import httpx
-
-        deadline = time.monotonic() + 60
-        for url in self.urls:
-            while True:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("emulator did not start")
-                try:
-                    if httpx.get(url + "/health", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    time.sleep(0.05)
+        self.server.wait_ready([url + "/health" for url in self.urls], timeout_s=60, poll_s=0.05)
 
     def cpu(self) -> float:
         t = self.ps.cpu_times()
         return t.user + t.system
 
     def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.out.close()
+        self.server.terminate(timeout_s=60)
 
 
 def bench(urls: list[str], trace: Path, out: Path, extra: list[str]) -> tuple[dict, float, float]:

@@ -22,7 +22,6 @@ import json
 import os
 import platform
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,8 +36,9 @@ import psutil
 
 from balanceroute.features.synthetic import generate
 from balanceroute.predict.model_store import load_file
-from balanceroute.serving.decode import decode_predict
-from balanceroute.serving.inference import running_batch
+from balanceroute.serving.service.decode import decode_predict
+from balanceroute.serving.service.inference import running_batch
+from balanceroute.serving.testbed.harness import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "completion-predictor"
@@ -48,13 +48,6 @@ TARGETS = {
     "p99_ms": {"gbdt": 15.0, "survival": 5.0, "exactmatch": 5.0},
     "rss_mb": 400.0,
 }
-
-
-def free_port() -> int:
-    """A loopback TCP port nobody listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def log(msg: str) -> None:

@@ -1,4 +1,4 @@
-"""The gateway's FastAPI app factory: the shared guards and token, the routes, the lifespan."""
+"""The gateway's FastAPI app factory: the shared Host/Origin check and token, the routes, the lifespan."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from starlette.requests import ClientDisconnect
 
-from balanceroute.serving.errors import client_disconnect, validation_error
 from balanceroute.serving.gateway.routes import ROUTERS
 from balanceroute.serving.gateway.runtime import Gateway
-from balanceroute.serving.guard import RequestGuard
+from balanceroute.serving.http.errors import client_disconnect, validation_error
+from balanceroute.serving.http.origin_check import OriginCheck
 
 TITLE = "BalanceRoute gateway"
 VERSION = "0.1.0"
@@ -44,7 +44,7 @@ def create_gateway_app(gateway: Gateway) -> FastAPI:
     )
     app.state.settings = gateway.settings
     app.state.gateway = gateway
-    app.add_middleware(RequestGuard, settings=gateway.settings)
+    app.add_middleware(OriginCheck, settings=gateway.settings)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(ClientDisconnect, client_disconnect)
     for router in ROUTERS:

@@ -17,6 +17,7 @@ from typing import Any, Self
 
 import pandas as pd
 
+from balanceroute.features.constants import DEFAULT_HORIZON
 from balanceroute.features.errors import UserError
 from balanceroute.predict.base import (
     CompletedBatch,
@@ -32,8 +33,6 @@ from balanceroute.router.policies.policy import Policy
 from balanceroute.router.policies.registry import OFFLINE_ONLY
 from balanceroute.router.policies.specs import RouterSpec, parse_arms
 from balanceroute.serving.gateway.settings import GatewaySettings
-
-DEFAULT_HORIZON = 80
 
 
 class Handle(CompletionEstimator):

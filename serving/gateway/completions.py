@@ -3,7 +3,8 @@
 ``DIR/completions/part-<first arrival ms>-<n>.parquet``, one row a finished request with
 ``request_id``, ``arrival_s``, ``prompt_tokens``, ``output_tokens``, ``prompt_key`` (the
 canonical columns, what ``balanceroute train --trace DIR/completions`` reads as it is) plus
-``rank``, ``arm``, ``queue_s`` (the wait in the gateway's pool) and ``finish_s``. Rows are buffered and a part is written whole, atomically,
+``worker`` (the rank), ``arm``, ``queue_delay_s`` (the wait in the gateway's pool; the column
+names of :mod:`balanceroute.features.columns`) and ``finish_s``. Rows are buffered and a part is written whole, atomically,
 once the buffer holds about ``rotate_bytes`` or its oldest row is ``rotate_s`` old, and at
 shutdown. ``arrival_s`` counts seconds from the log's origin, kept in ``DIR/completions/log.json``
 so the parts of several gateway runs into one folder share one clock (the loaders bound arrival
@@ -12,21 +13,19 @@ times, so epoch seconds would not do).
 
 from __future__ import annotations
 
-import io
 import json
 import time
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from balanceroute.features.errors import UserError
-from balanceroute.features.files import write_bytes, write_json
+from balanceroute.features.files import write_json
 
 ROW_BYTES = 48  # the fixed columns of one row; keys and ids add their lengths
-COLUMNS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", "prompt_key", "rank",
-           "arm", "queue_s", "finish_s")  # fmt: skip
+COLUMNS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", "prompt_key",
+           "worker", "arm", "queue_delay_s", "finish_s")  # fmt: skip
 
 
 class CompletionLog:
@@ -96,10 +95,3 @@ class CompletionLog:
         self.parts += 1
         self.written += len(rows["request_id"])
         return path, pa.table(rows)
-
-
-def write_part(path: Path, table: pa.Table) -> None:
-    """Write one part whole or not at all (blocking: run it off the event loop)."""
-    buf = io.BytesIO()
-    pq.write_table(table, buf)
-    write_bytes(path, buf.getvalue())

@@ -1,5 +1,6 @@
-"""One request through the gateway: wait in the pool, forward to the chosen rank, relay the
-stream back, count its tokens, and leave the group exactly once.
+"""The bytes of one request through the gateway: forward it to the rank it was given, relay the
+stream back and count its tokens. Its life in the group (pool, admission, progress, departure,
+exactly once) is :class:`~balanceroute.serving.gateway.life.RequestLife`'s.
 
 The upstream request always streams, with ``stream_options`` asking for usage in every chunk
 (vLLM's ``continuous_usage_stats``; SGLang accepts it too); what the client did not ask for is
@@ -28,39 +29,23 @@ import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from balanceroute.serving.gateway.life import LiveRequest, RequestLife
 from balanceroute.serving.gateway.runtime import Gateway
+from balanceroute.serving.openai.responses import error_body, whole_answer, whole_choice
+from balanceroute.serving.openai.sse import (
+    DONE,
+    DONE_PAYLOAD,
+    SSE_HEADERS,
+    EventSplitter,
+    data_payload,
+    token_text,
+)
 
-DONE = b"data: [DONE]\n\n"
-SSE_HEADERS = [
-    (b"content-type", b"text/event-stream; charset=utf-8"),
-    (b"cache-control", b"no-cache"),
-]
 RETRY, FINISHED = "retry", "finished"
 
 
 class UpstreamBroke(Exception):
     """The rank's stream ended without ``[DONE]``."""
-
-
-@dataclass
-class LiveRequest:
-    """A request as the gateway handles it."""
-
-    request_id: str
-    path: str
-    chat: bool
-    body: dict[str, Any]
-    stream: bool
-    usage: bool  # the client asked for the final usage chunk
-    continuous: bool  # the client asked for usage in every chunk
-    prompt_tokens: int
-    prompt_key: str
-    arrival: float  # monotonic
-    arrival_epoch: float
-    position: int
-    admitted: asyncio.Future[int]  # resolved with the rank by the decision loop
-    finished: bool = False
-    queue_s: float = 0.0  # arrival to the last forward
 
 
 @dataclass
@@ -86,19 +71,6 @@ class Stream:
         return self.usage_completion if self.usage_completion >= 0 else self.chunks
 
 
-def _token_text(choice: dict[str, Any]) -> str | None:
-    """The text a chunk's choice carries (None: not a token chunk)."""
-    if "text" in choice:
-        return choice["text"]
-    delta = choice.get("delta")
-    if not delta:
-        return None
-    content = delta.get("content")
-    if content is None or (content == "" and "role" in delta):
-        return None
-    return content
-
-
 def upstream_body(body: dict[str, Any]) -> bytes:
     """The body sent to the rank: streaming, usage in every chunk."""
     out = dict(body)
@@ -117,7 +89,7 @@ class Relay(Response):
         self.status_code = 200
         self.background = None
         self.raw_headers = []
-        self.gw = gw
+        self.life = RequestLife(gw, req)
         self.req = req
         self.started = False  # a token (and the response start) reached the client
 
@@ -128,7 +100,7 @@ class Relay(Response):
             await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
             if not work.done():  # the client went away
                 work.cancel()
-                self.gw.metrics.outcomes.labels("cancelled").inc()
+                self.life.count("cancelled")
             try:
                 await work
             except asyncio.CancelledError:
@@ -136,80 +108,48 @@ class Relay(Response):
                     raise
         finally:
             watch.cancel()
-            self._leave_if_needed()
-
-    def _leave_if_needed(self) -> None:
-        """However the request ended, its position leaves the pool or its rank once."""
-        req, gw = self.req, self.gw
-        if req.finished:
-            return
-        req.finished = True
-        gw.dispatcher.forget(req.position)
-        group = gw.group
-        if req.position in group.pool.order:
-            group.abandon(req.position)
-        elif group.rank[req.position] >= 0:
-            group.leave(req.position, int(group.age[req.position]), learn=False)
-            gw.dispatcher.wake()
+            self.life.leave()  # however the request ended, it leaves the group once
 
     # ---- the request's life ---------------------------------------------------------------
     async def run(self, send: Send) -> None:
-        gw, req = self.gw, self.req
-        body = upstream_body(req.body)
-        for attempt in range(gw.settings.max_attempts):
-            rank = await req.admitted
-            now = gw.clock()
-            wait = req.queue_s = now - req.arrival
-            gw.metrics.wait.labels(gw.arm_label).observe(wait)
-            gw.switchback.admitted(wait, now)
+        life = self.life
+        body = upstream_body(self.req.body)
+        attempts = life.max_attempts
+        for attempt in range(attempts):
+            rank = await life.admitted()
             outcome = await self.forward(rank, body, send)
             if outcome == FINISHED:
                 return
-            gw.metrics.reroutes.labels(str(rank)).inc()
-            if attempt + 1 == gw.settings.max_attempts:
+            if not life.requeued(rank, last=attempt + 1 == attempts):
                 break
-            new = gw.group.requeue(req.position)
-            if new is None:
-                break
-            gw.dispatcher.forget(req.position)
-            req.position = new
-            req.admitted = gw.dispatcher.waiter(new)
-            gw.dispatcher.wake()
-        self._fail_before_start()
+        life.abandoned("failed")
         await _send_error(
             send, 502, f"no rank could serve the request after {attempt + 1} attempts"
         )
 
-    def _fail_before_start(self) -> None:
-        self._leave_if_needed()
-        self.gw.metrics.outcomes.labels("failed").inc()
-
     async def forward(self, rank: int, body: bytes, send: Send) -> str:
         """One attempt on ``rank``: FINISHED (answered, well or not) or RETRY (nothing reached
         the client and the rank failed)."""
-        gw, req = self.gw, self.req
-        url = gw.settings.rank_url(rank) + req.path
-        headers = gw.upstream_headers(rank, req.request_id)
+        life = self.life
+        url, headers = life.forwarded(rank)
         st = Stream()
         try:
-            async with gw.session.post(url, data=body, headers=headers) as resp:
+            async with life.session.post(url, data=body, headers=headers) as resp:
                 if resp.status != 200:
                     content = await resp.read()
                     if resp.status >= 500 or resp.status == 429:
-                        gw.health.suspect(rank, f"answered {resp.status}")
+                        life.rank_failed(rank, f"answered {resp.status}")
                         return RETRY
-                    self._leave_if_needed()
-                    gw.metrics.outcomes.labels("rank_refused").inc()
+                    life.abandoned("rank_refused")
                     kind = resp.headers.get("content-type", "application/json")
                     await _send_whole(send, resp.status, content, kind)
                     return FINISHED
                 await self._relay(resp, st, send)
         except (aiohttp.ClientError, OSError, TimeoutError, UpstreamBroke) as exc:
             if st.first_t is None:  # the rank produced nothing: known not to have started
-                gw.health.suspect(rank, f"{type(exc).__name__}: {exc}")
+                life.rank_failed(rank, f"{type(exc).__name__}: {exc}")
                 return RETRY
-            self._leave_if_needed()
-            gw.metrics.outcomes.labels("broken").inc()
+            life.abandoned("broken")
             message = f"rank {rank} failed after the first token ({type(exc).__name__})"
             if self.started:
                 await _send_event_error(send, message)
@@ -220,13 +160,12 @@ class Relay(Response):
         return FINISHED
 
     async def _relay(self, resp: aiohttp.ClientResponse, st: Stream, send: Send) -> None:
-        buf = b""
+        splitter = EventSplitter()
         async for data in resp.content.iter_any():
-            buf += data
-            if b"\n\n" not in buf:
+            events = splitter.feed(data)
+            if not events:
                 continue
-            *events, buf = buf.split(b"\n\n")
-            now = self.gw.clock()
+            now = self.life.clock()
             before = st.tokens
             out = [b for ev in events if (b := self._event(ev, st, now)) is not None]
             if st.tokens > before:
@@ -247,11 +186,10 @@ class Relay(Response):
 
     def _event(self, event: bytes, st: Stream, now: float) -> bytes | None:
         """Count one SSE event; what to relay of it (None: nothing)."""
-        text = event.strip()
-        if not text.startswith(b"data:"):
-            return event + b"\n\n" if text else None
-        payload = text[5:].strip()
-        if payload == b"[DONE]":
+        payload = data_payload(event)
+        if payload is None:  # a comment is relayed as it came, an empty event dropped
+            return event + b"\n\n" if event.strip() else None
+        if payload == DONE_PAYLOAD:
             st.done = True
             return DONE
         if (
@@ -275,7 +213,7 @@ class Relay(Response):
         if st.model is None:
             st.model, st.rid, st.created = obj.get("model"), obj.get("id"), obj.get("created")
         for choice in choices:
-            piece = _token_text(choice)
+            piece = token_text(choice)
             if piece is not None:
                 st.chunks += 1
                 if st.first_t is None:
@@ -300,11 +238,7 @@ class Relay(Response):
         return event + b"\n\n"
 
     def _progress(self, st: Stream, new: int, now: float) -> None:
-        gw, pos = self.gw, self.req.position
-        gw.group.advance(pos, st.tokens)
-        if st.usage_prompt > 0:
-            gw.group.correct_prompt(pos, st.usage_prompt)
-        gw.switchback.tokens(new, now)
+        self.life.progress(st.tokens, new, st.usage_prompt, now)
 
     async def _start_stream(self, send: Send, st: Stream) -> None:
         headers = [
@@ -318,26 +252,13 @@ class Relay(Response):
             await send({"type": "http.response.body", "body": body, "more_body": True})
 
     async def _finish(self, rank: int, st: Stream, send: Send) -> None:
-        gw, req = self.gw, self.req
-        now = gw.clock()
+        req = self.req
+        now = self.life.clock()
         if st.first_t is None:  # no token at all (max_tokens reached at once?): still an answer
             st.first_t = st.last_t = now
         tokens = max(1, st.tokens)
         prompt = st.usage_prompt if st.usage_prompt > 0 else req.prompt_tokens
-        ttft = st.first_t - req.arrival
-        tpot = (st.last_t - st.first_t) / (tokens - 1) if tokens > 1 else None
-        arm = gw.arm_label
-        gw.metrics.ttft.labels(arm).observe(ttft)
-        if tpot is not None:
-            gw.metrics.tpot.labels(arm).observe(tpot)
-            gw.switchback.finished(tpot, now)
-        gw.metrics.outcomes.labels("completed").inc()
-        gw.log.add(req.request_id, req.arrival_epoch, prompt, tokens, req.prompt_key, rank, arm,
-                   req.queue_s, time.time())  # fmt: skip
-        req.finished = True
-        gw.dispatcher.forget(req.position)
-        gw.group.leave(req.position, tokens, learn=True)
-        gw.dispatcher.wake()
+        self.life.finished(rank, st.first_t, st.last_t, tokens, prompt, now)  # type: ignore[arg-type]
         if req.stream:
             if not self.started:
                 await self._start_stream(send, st)
@@ -350,29 +271,13 @@ class Relay(Response):
     def _assembled(self, st: Stream, prompt: int, tokens: int) -> dict[str, Any]:
         """The non-streaming answer from the streamed chunks."""
         chat = self.req.chat
-        choices = []
-        for index in sorted(set(st.texts) | set(st.reasons)):
-            text = "".join(st.texts.get(index, []))
-            choice: dict[str, Any] = {"index": index, "logprobs": None}
-            if chat:
-                choice["message"] = {"role": "assistant", "content": text}
-            else:
-                choice["text"] = text
-            choice["finish_reason"] = st.reasons.get(index)
-            choices.append(choice)
+        choices = [
+            whole_choice(chat, index, "".join(st.texts.get(index, [])), st.reasons.get(index))
+            for index in sorted(set(st.texts) | set(st.reasons))
+        ]
         rid = st.rid or f"{'chatcmpl' if chat else 'cmpl'}-{self.req.request_id}"
-        return {
-            "id": rid,
-            "object": "chat.completion" if chat else "text_completion",
-            "created": st.created or int(time.time()),
-            "model": st.model,
-            "choices": choices,
-            "usage": {
-                "prompt_tokens": prompt,
-                "total_tokens": prompt + tokens,
-                "completion_tokens": tokens,
-            },
-        }
+        created = st.created or int(time.time())
+        return whole_answer(chat, rid, created, st.model, choices, prompt, tokens)
 
 
 async def _disconnected(receive: Receive) -> None:
@@ -389,21 +294,6 @@ async def _send_whole(send: Send, status: int, body: bytes, content_type: str) -
     ]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
-
-
-def error_body(status: int, message: str) -> bytes:
-    """The OpenAI (and vLLM) error body."""
-    kind = {429: "RateLimitError", 502: "BadGatewayError", 503: "ServiceUnavailableError"}
-    return orjson.dumps(
-        {
-            "error": {
-                "message": message,
-                "type": kind.get(status, "APIError"),
-                "param": None,
-                "code": status,
-            }
-        }
-    )
 
 
 async def _send_error(send: Send, status: int, message: str) -> None:

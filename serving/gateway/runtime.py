@@ -24,9 +24,10 @@ import pandas as pd
 import pyarrow as pa
 
 from balanceroute.features.errors import UserError
+from balanceroute.features.files import write_parquet
 from balanceroute.predict.base import CompletionEstimator
 from balanceroute.serving.gateway.arms import Arm, reload_model
-from balanceroute.serving.gateway.completions import CompletionLog, write_part
+from balanceroute.serving.gateway.completions import CompletionLog
 from balanceroute.serving.gateway.dispatch import Dispatcher
 from balanceroute.serving.gateway.health import RankHealth
 from balanceroute.serving.gateway.metrics import GatewayMetrics
@@ -35,7 +36,7 @@ from balanceroute.serving.gateway.settings import GatewaySettings
 from balanceroute.serving.gateway.state import LiveGroup
 from balanceroute.serving.gateway.switchback import Switchback
 from balanceroute.serving.gateway.tokens import PromptCounter
-from balanceroute.serving.models import health_problem
+from balanceroute.serving.lifecycle import health_problem
 
 log = logging.getLogger("balanceroute.gateway")
 UPSTREAM_KEY_ENV = "BALANCEROUTE_UPSTREAM_API_KEY"
@@ -135,7 +136,7 @@ class Gateway:
     def _write_log(self) -> None:
         part = self.log.take()
         if part is not None:
-            fut = asyncio.get_running_loop().run_in_executor(None, write_part, *part)
+            fut = asyncio.get_running_loop().run_in_executor(None, write_parquet, *part)
             self._writes = [w for w in self._writes if not w.done()] + [fut]
 
     async def stop(self) -> dict[str, Any] | None:
@@ -150,7 +151,7 @@ class Gateway:
             ticks = pd.DataFrame(list(self.dispatcher.ticks), columns=list(TICK_COLUMNS))
             self._writes.append(
                 asyncio.get_running_loop().run_in_executor(
-                    None, write_part, self.out / "ticks.parquet", pa.Table.from_pandas(ticks)
+                    None, write_parquet, self.out / "ticks.parquet", pa.Table.from_pandas(ticks)
                 )
             )
         if self._writes:

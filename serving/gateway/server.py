@@ -3,12 +3,9 @@ reached before anything listens) and serve it under uvicorn until SIGINT or SIGT
 
 from __future__ import annotations
 
-import gc
-import logging
 import os
 
 import pandas as pd
-import uvicorn
 
 from balanceroute.features.workload import WorkloadSpec, load_workload
 from balanceroute.serving.gateway.app import create_gateway_app
@@ -16,6 +13,7 @@ from balanceroute.serving.gateway.arms import build_arms
 from balanceroute.serving.gateway.runtime import UPSTREAM_KEY_ENV, Gateway
 from balanceroute.serving.gateway.settings import GatewaySettings
 from balanceroute.serving.gateway.tokens import PromptCounter
+from balanceroute.serving.http.server import configure_logging, serve
 
 GRACEFUL_S = 5
 
@@ -32,17 +30,7 @@ def build_gateway(settings: GatewaySettings) -> Gateway:
 
 def run_gateway(settings: GatewaySettings, gateway: Gateway | None = None) -> None:
     """Serve until stopped; the lifespan's end writes the completion log and the A/B files."""
-    logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s:  %(message)s")
+    configure_logging(settings)
     app = create_gateway_app(gateway or build_gateway(settings))
-    gc.collect()
-    gc.freeze()  # the models and imports live as long as the process: shorter GC pauses
-    uvicorn.run(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        access_log=settings.access_log,
-        http="httptools",
-        timeout_graceful_shutdown=GRACEFUL_S,
-        backlog=4096,
-    )
+    serve(app, settings, collect=True, http="httptools",
+          timeout_graceful_shutdown=GRACEFUL_S, backlog=4096)  # fmt: skip

@@ -1,6 +1,6 @@
 """The gateway's configuration: one pydantic-settings class, from flags or ``BALANCEROUTE_*``.
 
-It extends :class:`~balanceroute.serving.settings.ServiceSettings` (listening, the bearer token,
+It extends :class:`~balanceroute.serving.service.settings.ServiceSettings` (listening, the bearer token,
 the Host and Origin allow-lists: the same rules as ``serve``) with the decode group behind it,
 the router or the switchback arms, the estimator, and the gateway's own bounds.
 """
@@ -11,10 +11,8 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
-from balanceroute.serving.settings import ServiceSettings
-
-MAX_RANKS = 4096
-MAX_SLOTS = 65_536
+from balanceroute.features.constants import MAX_SLOTS, MAX_WORKERS
+from balanceroute.serving.http.settings import ServiceSettings
 
 
 def check_rank_url(url: str) -> str:
@@ -46,7 +44,7 @@ class GatewaySettings(ServiceSettings):
         description="header mode: the header naming the chosen rank (vLLM: X-data-parallel-rank)",
     )
     group_size: int | None = Field(
-        default=None, ge=1, le=MAX_RANKS, description="header mode: ranks behind the upstream"
+        default=None, ge=1, le=MAX_WORKERS, description="header mode: ranks behind the upstream"
     )
     slots: int = Field(ge=1, le=MAX_SLOTS, description="B: requests in flight per rank at most")
     router: str = Field(default="brh", description="router spec, as in simulate and ab")

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from trace_fixtures import AZURE_2023, BURSTGPT, MOONCAKE
 
 from balanceroute.features.errors import TraceError
 from balanceroute.features.loaders import load_trace
+from tests.features.trace_fixtures import AZURE_2023, BURSTGPT, MOONCAKE
 
 AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 CANONICAL_HEADER = "arrival_s,prompt_tokens,output_tokens\n"

@@ -7,11 +7,11 @@ import warnings
 import numpy as np
 import pandas as pd
 import pytest
-from trace_fixtures import AZURE_2023, AZURE_2024, BURSTGPT, CANONICAL_CSV, MOONCAKE
 
 from balanceroute.features.errors import DroppedRowsWarning, UserError
 from balanceroute.features.loaders import detect_format, format_names, load_trace
 from balanceroute.features.schema import CANONICAL_COLUMNS, validate_trace
+from tests.features.trace_fixtures import AZURE_2023, AZURE_2024, BURSTGPT, CANONICAL_CSV, MOONCAKE
 
 
 def test_azure_2023_layout_keeps_100ns_digits(write):

@@ -6,10 +6,10 @@ import json
 
 import pandas as pd
 import pytest
-from trace_fixtures import BURSTGPT, MOONCAKE
 
 from balanceroute.features.loaders import load_trace
 from balanceroute.features.synthetic import generate
+from tests.features.trace_fixtures import BURSTGPT, MOONCAKE
 
 
 def test_synth_writes_the_seeded_preset(tmp_path, cli):

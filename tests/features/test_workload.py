@@ -6,12 +6,12 @@ import json
 
 import pandas as pd
 import pytest
-from trace_fixtures import MOONCAKE
 
 from balanceroute.features.digest import file_sha256
 from balanceroute.features.errors import UserError
 from balanceroute.features.synthetic import generate
 from balanceroute.features.workload import WorkloadSpec, load_workload
+from tests.features.trace_fixtures import MOONCAKE
 
 
 def test_defaults_to_ten_thousand_paper_prod_requests():

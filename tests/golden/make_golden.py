@@ -158,33 +158,24 @@ def service_calls(snap: dict[str, np.ndarray]) -> list[tuple[str, dict]]:
 def record_service(snap: dict[str, np.ndarray], module: list[str]) -> list[dict]:
     """Start the service with the saved models and record its answers to :func:`service_calls`."""
     import json
-    import os
-    import socket
-    import time
 
     import httpx
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BALANCEROUTE_")}
-    env.update(
-        BALANCEROUTE_MODEL_URI=str(HERE / "models" / "survival.joblib"),
-        BALANCEROUTE_MODEL_URI_B=str(HERE / "models" / "gbdt.joblib"),
-        BALANCEROUTE_PORT=str(port),
-        MLFLOW_DISABLE_TELEMETRY="true",
+    from balanceroute.serving.testbed.harness import ServerProcess, clean_env, free_port
+
+    port = free_port()
+    env = clean_env(
+        {
+            "BALANCEROUTE_MODEL_URI": str(HERE / "models" / "survival.joblib"),
+            "BALANCEROUTE_MODEL_URI_B": str(HERE / "models" / "gbdt.joblib"),
+            "BALANCEROUTE_PORT": str(port),
+        },
+        drop_prefix="BALANCEROUTE_",
     )
-    proc = subprocess.Popen([sys.executable, "-m", *module], cwd=ROOT, env=env)
+    server = ServerProcess([sys.executable, "-m", *module], cwd=ROOT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(url + "/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
+        server.wait_ready([url + "/readyz"], timeout_s=90)
         answers = []
         with httpx.Client(base_url=url, timeout=30, trust_env=False) as client:
             for path, body in service_calls(snap):
@@ -192,8 +183,7 @@ def record_service(snap: dict[str, np.ndarray], module: list[str]) -> list[dict]
                 answers.append({"path": path, "status": r.status_code, "body": r.json()})
         return answers
     finally:
-        proc.kill()
-        proc.wait()
+        server.kill()
 
 
 PARTS = ("models", "service", "ab", "evaluate")
@@ -225,7 +215,7 @@ def main() -> None:
             raise SystemExit("the saved models and their evaluation are release 0.1.0's: keep them")
         if "service" in parts:
             snap = snapshots(generate(TRACE[0], TRACE[1], seed=TRACE[2]))
-            answers = record_service(snap, ["balanceroute.serving"])
+            answers = record_service(snap, ["balanceroute.serving.service"])
             (HERE / "service.json").write_text(json.dumps(answers, indent=1) + "\n")
         if "ab" in parts:
             record_ab()

@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from service_helpers import Server
 
 from balanceroute.features.schema import hash_keys
 from balanceroute.features.synthetic import generate
 from balanceroute.predict.model_store import save_estimator
 from balanceroute.predict.registry import make_estimator
+from tests.serving.service.helpers import Server
 
 SMALL_PARAMS = {
     "survival": {},
@@ -21,19 +21,6 @@ SMALL_PARAMS = {
     "gbdt": {"n_estimators": 20, "per_request": 4},
     "hazard": {"n_estimators": 20, "per_request": 4, "bins": 8, "min_data_in_leaf": 50},
 }
-
-
-HERE = Path(__file__).resolve().parent
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``slow`` here run only when asked for (``-m slow``), as the marker says."""
-    if "slow" in (config.getoption("markexpr") or ""):
-        return
-    skip = pytest.mark.skip(reason="slow (MLflow registry round trip): run with -m slow")
-    for item in items:
-        if "slow" in item.keywords and HERE in item.path.parents:
-            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ from dataclasses import asdict
 from fastapi import APIRouter, HTTPException, Request
 
 from balanceroute.features.errors import UserError
-from balanceroute.serving.auth import Authorized
+from balanceroute.serving.http.auth import Authorized
 
 router = APIRouter(tags=["admin"], dependencies=[Authorized])
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from balanceroute.serving.auth import Authorized
+from balanceroute.serving.http.auth import Authorized
 
 router = APIRouter(tags=["metrics"], dependencies=[Authorized])
 

@@ -1,15 +1,14 @@
 """The OpenAI-compatible front: ``POST /v1/completions``, ``POST /v1/chat/completions`` (streaming
 or not) and ``GET /v1/models`` (from a rank in rotation).
 
-A request is checked (:mod:`..schemas`), counted (prompt tokens and key, :mod:`..tokens`) and
+A request is checked (:mod:`balanceroute.serving.openai.requests`), counted (prompt tokens and key, :mod:`..tokens`) and
 queued in the pool; a full pool answers 429 with ``Retry-After``. From then on
-:class:`~balanceroute.serving.gateway.relay.Relay` runs it.
+:mod:`~balanceroute.serving.gateway.life` owns its life and
+:class:`~balanceroute.serving.gateway.relay.Relay` moves its bytes.
 """
 
 from __future__ import annotations
 
-import time
-import uuid
 from typing import Any
 
 import aiohttp
@@ -19,11 +18,13 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
 from balanceroute.features.prompts import chat_text
-from balanceroute.serving.auth import Authorized
-from balanceroute.serving.gateway.relay import LiveRequest, Relay, error_body
+from balanceroute.serving.gateway.life import PoolFull, arrive
+from balanceroute.serving.gateway.relay import Relay
 from balanceroute.serving.gateway.runtime import Gateway
-from balanceroute.serving.gateway.schemas import ChatBody, CompletionBody
 from balanceroute.serving.gateway.tokens import prompt_key
+from balanceroute.serving.http.auth import Authorized
+from balanceroute.serving.openai.requests import ChatBody, CompletionBody
+from balanceroute.serving.openai.responses import error_body
 
 router = APIRouter(tags=["openai"], dependencies=[Authorized])
 JSON = "application/json"
@@ -55,33 +56,12 @@ def _queue(
     """Count the prompt, queue the request (429 when the pool is full) and hand it to a relay."""
     tokens, _ = gw.counter.count(prompt)
     key, key_hash = prompt_key(prompt)
-    group = gw.group
-    if group.pool.size >= gw.settings.max_pool or group.positions_free == 0:
-        gw.dispatcher.decide()  # a burst may fill the pool before the loop's next decision
-    if group.pool.size >= gw.settings.max_pool or group.positions_free == 0:
-        gw.metrics.outcomes.labels("rejected_pool_full").inc()
-        message = f"the gateway's pool is full ({group.pool.size} requests waiting); retry later"
-        return Response(error_body(429, message), 429, {"retry-after": "1"}, media_type=JSON)
-    position = group.arrive(tokens, key_hash, gw.clock())
-    assert position is not None  # positions_free was checked above
-    options = body.stream_options
-    req = LiveRequest(
-        request_id=request.headers.get("x-request-id") or f"gw-{uuid.uuid4().hex[:16]}",
-        path=request.url.path,
-        chat=chat,
-        body=data,
-        stream=body.stream,
-        usage=bool(options and options.include_usage),
-        continuous=bool(options and options.continuous_usage_stats),
-        prompt_tokens=tokens,
-        prompt_key=key,
-        arrival=float(group.arrival_s[position]),
-        arrival_epoch=time.time(),
-        position=position,
-        admitted=gw.dispatcher.waiter(position),
-    )
-    gw.metrics.outcomes.labels("accepted").inc()
-    gw.dispatcher.wake()
+    try:
+        req = arrive(gw, request_id=request.headers.get("x-request-id"), path=request.url.path,
+                     chat=chat, body=data, checked=body, tokens=tokens, key=key,
+                     key_hash=key_hash)  # fmt: skip
+    except PoolFull as full:
+        return Response(error_body(429, str(full)), 429, {"retry-after": "1"}, media_type=JSON)
     return Relay(gw, req)
 
 

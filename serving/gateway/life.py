@@ -1,0 +1,200 @@
+"""One request's life in the gateway, owned here from arrival to departure: it **arrives** (a
+position in the pool, or a full pool), is **admitted** (the decision loop resolves its future
+with a rank), **forwarded** (the rank and the headers to use), makes **progress** (tokens, the
+rank's own prompt count), and either **finishes** (metrics, the completion log, its slot leaves
+the group with its estimator taught) or is **abandoned** (client gone, ranks failed: it leaves
+the pool or its rank once, nothing learned). A rank that fails before the first token sends it
+back to the head of the pool (**requeued**).
+
+:class:`~balanceroute.serving.gateway.relay.Relay` only moves bytes; every change to the group,
+the dispatcher, the switchback, the health checks, the metrics and the log goes through here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from balanceroute.serving.gateway.runtime import Gateway
+
+
+class PoolFull(Exception):
+    """No room in the gateway's pool: the request is refused (429)."""
+
+
+@dataclass
+class LiveRequest:
+    """A request as the gateway handles it."""
+
+    request_id: str
+    path: str
+    chat: bool
+    body: dict[str, Any]
+    stream: bool
+    usage: bool  # the client asked for the final usage chunk
+    continuous: bool  # the client asked for usage in every chunk
+    prompt_tokens: int
+    prompt_key: str
+    arrival: float  # monotonic
+    arrival_epoch: float
+    position: int
+    admitted: asyncio.Future[int]  # resolved with the rank by the decision loop
+    finished: bool = False
+    queue_s: float = 0.0  # arrival to the last forward
+
+
+def arrive(
+    gw: Gateway,
+    *,
+    request_id: str | None,
+    path: str,
+    chat: bool,
+    body: dict[str, Any],
+    checked: Any,
+    tokens: int,
+    key: str,
+    key_hash: int,
+) -> LiveRequest:
+    """Queue a counted request in the pool (a burst that fills it gets a decision at once);
+    :class:`PoolFull` when there is no room."""
+    group = gw.group
+    if group.pool.size >= gw.settings.max_pool or group.positions_free == 0:
+        gw.dispatcher.decide()  # a burst may fill the pool before the loop's next decision
+    if group.pool.size >= gw.settings.max_pool or group.positions_free == 0:
+        gw.metrics.outcomes.labels("rejected_pool_full").inc()
+        raise PoolFull(
+            f"the gateway's pool is full ({group.pool.size} requests waiting); retry later"
+        )
+    position = group.arrive(tokens, key_hash, gw.clock())
+    assert position is not None  # positions_free was checked above
+    options = checked.stream_options
+    req = LiveRequest(
+        request_id=request_id or f"gw-{uuid.uuid4().hex[:16]}",
+        path=path,
+        chat=chat,
+        body=body,
+        stream=checked.stream,
+        usage=bool(options and options.include_usage),
+        continuous=bool(options and options.continuous_usage_stats),
+        prompt_tokens=tokens,
+        prompt_key=key,
+        arrival=float(group.arrival_s[position]),
+        arrival_epoch=time.time(),
+        position=position,
+        admitted=gw.dispatcher.waiter(position),
+    )
+    gw.metrics.outcomes.labels("accepted").inc()
+    gw.dispatcher.wake()
+    return req
+
+
+class RequestLife:
+    """The life of one queued request (module docstring): what the relay reports, applied to
+    the gateway's state."""
+
+    def __init__(self, gw: Gateway, req: LiveRequest) -> None:
+        self.gw = gw
+        self.req = req
+
+    @property
+    def max_attempts(self) -> int:
+        return self.gw.settings.max_attempts
+
+    @property
+    def session(self) -> Any:
+        return self.gw.session
+
+    def clock(self) -> float:
+        return self.gw.clock()
+
+    async def admitted(self) -> int:
+        """Wait for the decision loop to admit the request; its rank."""
+        gw, req = self.gw, self.req
+        rank = await req.admitted
+        now = gw.clock()
+        wait = req.queue_s = now - req.arrival
+        gw.metrics.wait.labels(gw.arm_label).observe(wait)
+        gw.switchback.admitted(wait, now)
+        return rank
+
+    def forwarded(self, rank: int) -> tuple[str, dict[str, str]]:
+        """Where to send the request on ``rank``, and with which headers."""
+        gw, req = self.gw, self.req
+        return gw.settings.rank_url(rank) + req.path, gw.upstream_headers(rank, req.request_id)
+
+    def rank_failed(self, rank: int, why: str) -> None:
+        """``rank`` failed the request before it started: out of rotation until it recovers."""
+        self.gw.health.suspect(rank, why)
+
+    def requeued(self, rank: int, last: bool) -> bool:
+        """After a failed attempt on ``rank``: back to the head of the pool (False: no more
+        attempts, or no room)."""
+        gw, req = self.gw, self.req
+        gw.metrics.reroutes.labels(str(rank)).inc()
+        if last:
+            return False
+        new = gw.group.requeue(req.position)
+        if new is None:
+            return False
+        gw.dispatcher.forget(req.position)
+        req.position = new
+        req.admitted = gw.dispatcher.waiter(new)
+        gw.dispatcher.wake()
+        return True
+
+    def progress(self, tokens: int, new: int, usage_prompt: int, now: float) -> None:
+        """``new`` more tokens (``tokens`` so far; ``usage_prompt`` > 0: the rank's prompt
+        count)."""
+        gw, pos = self.gw, self.req.position
+        gw.group.advance(pos, tokens)
+        if usage_prompt > 0:
+            gw.group.correct_prompt(pos, usage_prompt)
+        gw.switchback.tokens(new, now)
+
+    def finished(
+        self, rank: int, first_t: float, last_t: float, tokens: int, prompt: int, now: float
+    ) -> None:
+        """The rank answered in full: metrics, the completion log, and the slot leaves the
+        group with its estimators taught."""
+        gw, req = self.gw, self.req
+        ttft = first_t - req.arrival
+        tpot = (last_t - first_t) / (tokens - 1) if tokens > 1 else None
+        arm = gw.arm_label
+        gw.metrics.ttft.labels(arm).observe(ttft)
+        if tpot is not None:
+            gw.metrics.tpot.labels(arm).observe(tpot)
+            gw.switchback.finished(tpot, now)
+        gw.metrics.outcomes.labels("completed").inc()
+        gw.log.add(req.request_id, req.arrival_epoch, prompt, tokens, req.prompt_key, rank, arm,
+                   req.queue_s, time.time())  # fmt: skip
+        req.finished = True
+        gw.dispatcher.forget(req.position)
+        gw.group.leave(req.position, tokens, learn=True)
+        gw.dispatcher.wake()
+
+    def abandoned(self, outcome: str | None = None) -> None:
+        """However the request ended otherwise, its position leaves the pool or its rank once
+        (nothing learned); ``outcome`` is counted."""
+        self.leave()
+        if outcome is not None:
+            self.count(outcome)
+
+    def count(self, outcome: str) -> None:
+        self.gw.metrics.outcomes.labels(outcome).inc()
+
+    def leave(self) -> None:
+        """The position leaves the pool or its rank, once."""
+        req, gw = self.req, self.gw
+        if req.finished:
+            return
+        req.finished = True
+        gw.dispatcher.forget(req.position)
+        group = gw.group
+        if req.position in group.pool.order:
+            group.abandon(req.position)
+        elif group.rank[req.position] >= 0:
+            group.leave(req.position, int(group.age[req.position]), learn=False)
+            gw.dispatcher.wake()

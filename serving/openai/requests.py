@@ -1,0 +1,177 @@
+"""OpenAI request bodies, completions and chat, in the two views the test bed and the gateway
+take of them.
+
+- The engine's view (:class:`CompletionRequest`, :class:`ChatCompletionRequest`), what the
+  emulator accepts: every field vLLM's and SGLang's completion and chat APIs commonly accept is
+  declared (sampling parameters are accepted and ignored: the emulator's text is filler); anything
+  else is an unknown field and gets a 400, as do wrong types and out-of-range values.
+- The gateway's view (:class:`CompletionBody`, :class:`ChatBody`): only the fields the gateway
+  reads are checked (anything else passes through to the rank unchanged, which has the last word
+  on sampling options): one prompt (text, token ids, or chat messages), ``n = 1`` (one request is
+  one sequence on one rank), ``stream`` and ``stream_options`` of the right types, ``max_tokens``
+  at least 1. A body that fails gets a 422 listing each error as ``{"loc", "msg", "type"}``, as
+  ``serve`` answers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    model_validator,
+)
+
+Prompt = str | list[int]
+
+
+def prompt_batch(prompt: Any) -> list[Prompt]:
+    """The prompts of a completion request's ``prompt``: one text or token-id list, or a batch of
+    them (a list of texts or of token-id lists)."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+        return list(prompt)
+    return [prompt]
+
+
+# ---- the engine's view (the emulator) ----------------------------------------------------------
+class StreamOptions(BaseModel):
+    """``stream_options``: ``include_usage`` adds a last chunk with the token counts."""
+
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class _Common(BaseModel):
+    """Fields both endpoints share."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = Field(default=1, ge=1)
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = None
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[StrictInt] | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(default=None, gt=0)
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    ignore_eos: bool = False
+    min_tokens: int = Field(default=0, ge=0)
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    request_id: str | None = None
+    priority: int = 0
+
+
+class CompletionRequest(_Common):
+    """``POST /v1/completions``: one prompt (text, or token ids)."""
+
+    prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]
+    max_tokens: int | None = Field(default=16, ge=1)
+    best_of: int | None = Field(default=None, ge=1)
+    logprobs: int | None = Field(default=None, ge=0)
+    prompt_logprobs: int | None = None
+    echo: bool = False
+    suffix: str | None = None
+    add_special_tokens: bool = True
+    return_tokens_as_token_ids: bool | None = None
+
+
+class ContentPart(BaseModel):
+    """One part of a chat message's content (only text parts count as prompt tokens)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    """One chat message (tool and name fields are tolerated)."""
+
+    model_config = ConfigDict(extra="allow")
+    role: str
+    content: str | list[ContentPart] | None = None
+
+
+class ChatCompletionRequest(_Common):
+    """``POST /v1/chat/completions``: the prompt is the text of the messages."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+
+
+# ---- the gateway's view ----------------------------------------------------------------------
+class PassStreamOptions(BaseModel):
+    """``stream_options`` as the gateway checks it: usage in the last chunk, or in every chunk."""
+
+    model_config = ConfigDict(extra="allow")
+    include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool = False
+
+
+class _PassCommon(BaseModel):
+    """Fields the gateway reads (strict types; anything else passes through)."""
+
+    model_config = ConfigDict(extra="allow")
+    model: StrictStr | None = None
+    stream: StrictBool = False
+    stream_options: PassStreamOptions | None = None
+    n: StrictInt = Field(default=1, ge=1, le=1, description="one sequence a request")
+    max_tokens: StrictInt | None = Field(default=None, ge=1)
+
+
+class CompletionBody(_PassCommon):
+    """``POST /v1/completions``: one prompt, text or token ids (a batch of one is accepted)."""
+
+    prompt: StrictStr | list[StrictInt] | list[StrictStr] | list[list[StrictInt]]
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> CompletionBody:
+        batch = prompt_batch(self.prompt)
+        if len(batch) != 1:
+            raise ValueError(f"the gateway routes one prompt a request, got a batch of {len(batch)}")
+        if not batch[0]:
+            raise ValueError("the prompt is empty")
+        return self
+
+    def single_prompt(self) -> str | list[int]:
+        """The one prompt: text or token ids."""
+        return prompt_batch(self.prompt)[0]
+
+
+class PassChatMessage(BaseModel):
+    """One chat message as the gateway checks it (other fields pass through)."""
+
+    model_config = ConfigDict(extra="allow")
+    role: StrictStr
+    content: StrictStr | list[dict[str, Any]] | None = None
+
+
+class ChatBody(_PassCommon):
+    """``POST /v1/chat/completions``: at least one message."""
+
+    messages: list[PassChatMessage] = Field(min_length=1)
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)

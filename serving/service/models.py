@@ -1,0 +1,443 @@
+"""The loaded models: one per arm (``a``, optional ``b``), selection, online updates and reload.
+
+Concurrency model: the handlers run on the event loop thread; ``/v1/route`` decides in a worker
+thread (:mod:`serving.service.routes.route`). Every call into an estimator holds :attr:`ModelSlots.lock`
+(the route thread through :class:`SharedEstimator`), so a prediction never sees an update half
+done. Observes are applied one at a time, in order: a small batch in place, a large one (more
+than ``inline_rows``) to a copy of the model in a worker thread that is swapped in when
+complete, so predictions never wait for a large update (they are answered by the model as it
+was before the batch) and the result is the same as one in-place update. A reload fetches the new version from a worker thread
+(slow, off the loop: :mod:`serving.service.sources`), then back on the loop replays the recent
+completions into it, checks its health and swaps the arm's reference in one assignment: calls
+before the swap are answered by the old version, calls after by the new one, none is dropped.
+
+Health: a model answers a fixed canary batch with finite, in-range values within
+:data:`CANARY_BUDGET_S`. A model failing it, or whose online update raised, makes ``/readyz``
+fail until a reload replaces it; completions whose update broke a model never enter the replay
+log, and a reload whose replay leaves the model unhealthy installs it without the replay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio.to_thread
+import numpy as np
+
+from balanceroute.features.windows import ring_latest
+from balanceroute.predict.base import (
+    CompletedBatch,
+    CompletionEstimator,
+    Prediction,
+    RunningBatch,
+)
+from balanceroute.serving.lifecycle import health_problem
+from balanceroute.serving.service.decode import CompletedColumns
+from balanceroute.serving.service.schemas import ArmInfo, ModelRef, ReloadOutcome
+from balanceroute.serving.service.sources import Resolved, fetch
+
+log = logging.getLogger("balanceroute.serve")
+
+ARMS = ("a", "b")
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedModel:
+    """An estimator and the version it came from."""
+
+    arm: str
+    resolved: Resolved
+    estimator: CompletionEstimator
+    loaded_at: str
+
+    @property
+    def kind(self) -> str:
+        """The estimator's registry name (``gbdt``, ``survival``, ...)."""
+        return self.estimator.name
+
+    @property
+    def version(self) -> str:
+        """Registry version, or digest of a local file."""
+        return self.resolved.version
+
+    def ref(self) -> ModelRef:
+        """What a response says about the model that answered."""
+        return ModelRef(arm=self.arm, name=self.resolved.name, version=self.version, kind=self.kind)
+
+    def info(self) -> ArmInfo:
+        """What ``GET /v1/models`` says about it."""
+        r = self.resolved
+        est = self.estimator
+        return ArmInfo(
+            arm=self.arm,
+            uri=r.uri,
+            source=r.source,
+            name=r.name,
+            version=r.version,
+            kind=self.kind,
+            horizon=est.horizon,
+            provides_survival=bool(est.provides_survival),
+            aliases=list(r.aliases),
+            run_id=r.run_id,
+            metrics=r.metrics,
+            params=r.params or _jsonable_params(est),
+            loaded_at=self.loaded_at,
+        )
+
+    def answers_to(self, selector: str) -> bool:
+        """Whether ``selector`` (arm, version, alias, NAME@ALIAS or NAME/VERSION) names it."""
+        r = self.resolved
+        names = {self.arm, r.version, *r.aliases, f"{r.name}/{r.version}"}
+        names.update(f"{r.name}@{a}" for a in r.aliases)
+        return selector in names
+
+
+class UnknownModel(LookupError):
+    """A selector that names no loaded model."""
+
+
+class NotReady(RuntimeError):
+    """No model is loaded yet for the arm asked for."""
+
+
+class UnhealthyModel(RuntimeError):
+    """A loaded version that fails its health check."""
+
+
+class RecentCompletions:
+    """Ring buffer of the last ``capacity`` completions, replayed into a model before its swap."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = cap = int(capacity)
+        self.prompt = np.zeros(cap, dtype=np.int64)
+        self.output = np.zeros(cap, dtype=np.int64)
+        self.key = np.zeros(cap, dtype=np.uint64)
+        self.time = np.zeros(cap, dtype=np.float64)
+        self.total = 0  # completions ever added; the next one goes to slot total % capacity
+
+    def __len__(self) -> int:
+        return min(self.total, self.capacity)
+
+    def add(self, cols: CompletedColumns) -> None:
+        """Append a batch in order, overwriting the oldest rows beyond the capacity."""
+        cap = self.capacity
+        if cap == 0 or cols.size == 0:
+            return
+        keep = slice(max(cols.size - cap, 0), cols.size)
+        times = cols.time_s if cols.time_s is not None else np.full(cols.size, np.nan)
+        slots = (self.total + np.arange(max(cols.size - cap, 0), cols.size)) % cap
+        self.prompt[slots] = cols.prompt_tokens[keep]
+        self.output[slots] = cols.output_tokens[keep]
+        self.key[slots] = cols.prompt_key[keep]
+        self.time[slots] = times[keep]
+        self.total += cols.size
+
+    def batch(self) -> CompletedBatch:
+        """Everything kept, oldest first."""
+        return self.since(0)
+
+    def since(self, total: int) -> CompletedBatch:
+        """The kept completions added after the first ``total``, oldest first."""
+        n = min(len(self), max(self.total - total, 0))
+        order = ring_latest(self.total, n, self.capacity)
+        return CompletedBatch(
+            self.prompt[order], self.output[order], self.key[order], self.time[order]
+        )
+
+
+def completed_batch(cols: CompletedColumns) -> CompletedBatch:
+    """The estimator interface's view of decoded completions."""
+    return CompletedBatch(cols.prompt_tokens, cols.output_tokens, cols.prompt_key, cols.time_s)
+
+
+def batch_rows(batch: CompletedBatch, rows: slice) -> CompletedBatch:
+    """Rows ``rows`` of a batch of completions."""
+    return CompletedBatch(
+        batch.prompt_tokens[rows],
+        batch.output_tokens[rows],
+        None if batch.prompt_key is None else batch.prompt_key[rows],
+        None if batch.time_s is None else batch.time_s[rows],
+    )
+
+
+class SharedEstimator:
+    """An estimator used from another thread: its predictions hold the store's lock."""
+
+    def __init__(self, estimator: CompletionEstimator, lock: threading.Lock) -> None:
+        self._estimator = estimator
+        self._lock = lock
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._estimator, name)
+
+    def predict(self, batch: RunningBatch, *, survival: bool = False) -> Prediction:
+        """The estimator's prediction, never during an update."""
+        with self._lock:
+            return self._estimator.predict(batch, survival=survival)
+
+
+SwapHook = Callable[[str, LoadedModel | None, LoadedModel], None]
+
+
+class ModelSlots:
+    """Arms by label; ``arms`` is replaced as a whole on a swap, never mutated in place."""
+
+    def __init__(
+        self,
+        uris: dict[str, str],
+        *,
+        replay_buffer: int = 65_536,
+        inline_rows: int = 256,
+        on_swap: SwapHook | None = None,
+        on_outcome: Callable[[ReloadOutcome], None] | None = None,
+        after_load: Callable[[], None] | None = None,
+    ) -> None:
+        self.uris = dict(uris)
+        self.arms: dict[str, LoadedModel] = {}
+        self.errors: dict[str, str] = {}
+        self.broken: dict[str, str] = {}  # arm -> why its loaded model is unhealthy
+        self.retry: dict[str, tuple[int, float]] = {}  # arm -> (failed loads, next try, monotonic)
+        self.log = RecentCompletions(replay_buffer)
+        self.inline_rows = max(0, int(inline_rows))
+        self.lock = threading.Lock()
+        self._checked_at = -1.0
+        self.on_swap = on_swap
+        self.on_outcome = on_outcome
+        self.after_load = after_load
+        self._reload_lock = asyncio.Lock()
+        self._observe_lock = asyncio.Lock()
+
+    # ---- selection -------------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        """Every configured arm has a healthy model."""
+        return all(arm in self.arms and arm not in self.broken for arm in self.uris)
+
+    def check_health(self, max_age_s: float = 1.0) -> dict[str, str]:
+        """Run the canary on every loaded arm (at most once per ``max_age_s``); the broken ones."""
+        now = time.monotonic()
+        if now - self._checked_at >= max_age_s:
+            self._checked_at = now
+            for arm, m in self.arms.items():
+                if arm in self.broken:
+                    continue
+                with self.lock:
+                    problem = health_problem(m.estimator)
+                if problem is not None:
+                    self._mark_broken(arm, problem)
+        return dict(self.broken)
+
+    def _mark_broken(self, arm: str, why: str) -> None:
+        if arm not in self.broken:
+            log.error("model %s is unhealthy: %s (reload it to recover)", arm, why)
+        self.broken[arm] = why
+
+    def shared(self, model: LoadedModel) -> SharedEstimator:
+        """``model``'s estimator for use from a worker thread."""
+        return SharedEstimator(model.estimator, self.lock)
+
+    def selectors(self) -> list[str]:
+        """Every selector a request may use right now."""
+        out: list[str] = []
+        for m in self.arms.values():
+            r = m.resolved
+            for s in (m.arm, r.version, *r.aliases):
+                if s not in out:
+                    out.append(s)
+        return out
+
+    def select(self, selector: str | None) -> LoadedModel:
+        """The arm a request asks for (default ``a``)."""
+        arms = self.arms
+        if selector is None:
+            if "a" not in arms:
+                raise NotReady(self.not_ready_reason("a"))
+            return arms["a"]
+        if selector in self.uris and selector not in arms:
+            raise NotReady(self.not_ready_reason(selector))
+        for arm in ARMS:
+            m = arms.get(arm)
+            if m is not None and m.answers_to(selector):
+                return m
+        raise UnknownModel(
+            f"no loaded model answers to '{selector}'; known selectors: "
+            f"{', '.join(self.selectors()) or 'none (no model loaded yet)'}"
+        )
+
+    def not_ready_reason(self, arm: str) -> str:
+        """Why ``arm`` has no healthy model (loading, the last error and the next retry, or
+        its health check)."""
+        if arm in self.arms and arm in self.broken:
+            return f"model {arm} is unhealthy: {self.broken[arm]}"
+        err = self.errors.get(arm)
+        if not err:
+            return f"model {arm} is still loading"
+        out = f"model {arm} failed to load: {err}"
+        if arm in self.retry:
+            failures, at = self.retry[arm]
+            wait = max(0.0, at - time.monotonic())
+            out += f" (attempt {failures} failed; retrying in {wait:.0f} s)"
+        return out
+
+    # ---- online updates --------------------------------------------------------------------
+    async def observe(self, cols: CompletedColumns) -> list[str]:
+        """Feed completions to every loaded, healthy arm and, if no update failed, to the replay
+        log; returns the arms fed. Batches up to ``inline_rows`` are applied in place; larger
+        ones to a copy of the model in a worker thread, swapped in once complete, so
+        predictions go on meanwhile (answered by the model before the batch)."""
+        async with self._observe_lock:
+            batch = completed_batch(cols)
+            fed = [arm for arm in self.arms if arm not in self.broken]
+            for arm in list(fed):
+                current = self.arms[arm]
+                try:
+                    if cols.size <= self.inline_rows:
+                        with self.lock:
+                            current.estimator.observe(batch)
+                    else:
+                        updated = await anyio.to_thread.run_sync(self._updated, current, batch)
+                        self.arms = {**self.arms, arm: updated}
+                except Exception as exc:
+                    self._mark_broken(arm, f"an update raised {type(exc).__name__}: {exc}")
+                    fed.remove(arm)
+            if all(arm not in self.broken for arm in self.arms):
+                self.log.add(cols)
+            return fed
+
+    def _updated(self, model: LoadedModel, batch: CompletedBatch) -> LoadedModel:
+        """A copy of ``model`` that has observed ``batch`` (in a worker thread)."""
+        with self.lock:  # no prediction refreshes a lazy table while it is copied
+            estimator = copy.deepcopy(model.estimator)
+        estimator.observe(batch)
+        return dataclasses.replace(model, estimator=estimator)
+
+    # ---- loading ---------------------------------------------------------------------------
+    async def reload(self, arm: str | None = None, *, force: bool = False) -> list[ReloadOutcome]:
+        """Re-resolve the configured URIs and swap in versions that changed (all with ``force``)."""
+        arms = [a for a in ([arm] if arm is not None else list(self.uris)) if a in self.uris]
+        async with self._reload_lock:
+            return list(await asyncio.gather(*(self._reload_one(a, force) for a in arms)))
+
+    async def load_until_ready(self, longest_wait_s: float = 60.0) -> None:
+        """Load every arm; retry the ones that fail with exponential back-off (1 s, 2 s, ...,
+        ``longest_wait_s``) until each has a model."""
+        await self.reload(force=True)
+        failures = 0
+        while missing := [a for a in self.uris if a not in self.arms]:
+            failures += 1
+            wait = min(2.0 ** (failures - 1), longest_wait_s)
+            for arm in missing:
+                self.retry[arm] = (failures, time.monotonic() + wait)
+            await asyncio.sleep(wait)
+            for arm in missing:
+                if arm not in self.arms:
+                    await self.reload(arm, force=True)
+        self.retry.clear()
+
+    async def _reload_one(self, arm: str, force: bool) -> ReloadOutcome:
+        outcome = await self._load_arm(arm, force)
+        if self.on_outcome is not None:  # in step with the state /readyz reads
+            self.on_outcome(outcome)
+        return outcome
+
+    async def _load_arm(self, arm: str, force: bool) -> ReloadOutcome:
+        current = self.arms.get(arm)
+        before = current.version if current else None
+        unchanged = ReloadOutcome(arm=arm, previous_version=before, version=before, changed=False)
+        try:
+            fresh = await anyio.to_thread.run_sync(self._prepare, arm, before, force)
+            if fresh is None:
+                return unchanged
+            seen = self.log.total
+            fresh = await anyio.to_thread.run_sync(self._replayed, fresh, self.log.batch())
+        except Exception as exc:  # a bad artifact or registry outage must not kill the server
+            self.errors[arm] = f"{type(exc).__name__}: {exc}"
+            log.error("loading model %s from %s failed: %s", arm, self.uris[arm], exc)
+            return unchanged.model_copy(update={"error": self.errors[arm]})
+        async with self._observe_lock:  # completions that came in meanwhile, then the swap
+            late = self.log.since(seen)
+            if late.size:
+                fresh.estimator.observe(late)
+            self._install(fresh)
+        return unchanged.model_copy(update={"version": fresh.version, "changed": True})
+
+    def _prepare(self, arm: str, current: str | None, force: bool) -> LoadedModel | None:
+        """Fetch the version ``uri`` names (None: unchanged) and check its health."""
+        fetched = fetch(self.uris[arm], current, force)
+        if fetched is None:
+            return None
+        resolved, estimator = fetched
+        estimator.check_fitted()
+        if self.after_load is not None:
+            self.after_load()
+        problem = health_problem(estimator)
+        if problem is not None:
+            raise UnhealthyModel(f"version {resolved.version} fails its health check: {problem}")
+        stamp = datetime.now(UTC).isoformat(timespec="seconds")
+        return LoadedModel(arm, resolved, estimator, stamp)
+
+    def _replayed(self, fresh: LoadedModel, replay: CompletedBatch) -> LoadedModel:
+        """``fresh`` after the replay log, or as loaded if the replay fails or leaves it
+        unhealthy: a replay never breaks a model that was sound (runs in a worker thread, on
+        a model no call uses yet)."""
+        if not replay.size:
+            return fresh
+        trial = copy.deepcopy(fresh.estimator)
+        try:
+            trial.observe(replay)
+            problem = health_problem(trial)
+        except Exception as exc:
+            problem = f"{type(exc).__name__}: {exc}"
+        if problem is None:
+            return LoadedModel(fresh.arm, fresh.resolved, trial, fresh.loaded_at)
+        log.error(
+            "model %s: replaying %d completions failed (%s); serving it without them",
+            fresh.arm,
+            replay.size,
+            problem,
+        )
+        return fresh
+
+    def _install(self, fresh: LoadedModel) -> None:
+        old = self.arms.get(fresh.arm)
+        self.arms = dict(sorted({**self.arms, fresh.arm: fresh}.items()))
+        self.errors.pop(fresh.arm, None)
+        self.broken.pop(fresh.arm, None)
+        if self.on_swap is not None:
+            self.on_swap(fresh.arm, old, fresh)
+        log.info(
+            "model %s: %s version %s (%s) is serving",
+            fresh.arm,
+            fresh.resolved.name,
+            fresh.version,
+            fresh.kind,
+        )
+
+
+def _jsonable_params(est: CompletionEstimator) -> dict:
+    return {k: v for k, v in est.params().items() if isinstance(v, str | int | float | bool)}
+
+
+def pin_lightgbm_threads(threads: int) -> bool:
+    """Cap LightGBM's OpenMP threads process-wide once it is loaded (docs/design.md, "LightGBM in a server")."""
+    if "lightgbm" not in sys.modules:
+        return False
+    import ctypes
+
+    from lightgbm.basic import _LIB
+
+    setter = getattr(_LIB, "LGBM_SetMaxThreads", None)
+    if setter is None:
+        return False
+    setter(ctypes.c_int(int(threads)))
+    return True

@@ -1,0 +1,16 @@
+"""``GET /metrics``: the Prometheus exposition of the service's own registry."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from balanceroute.serving.service.deps import Authorized, MetricsDep
+
+router = APIRouter(tags=["metrics"], dependencies=[Authorized])
+
+
+@router.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
+async def prometheus(metrics: MetricsDep) -> Response:
+    """Latency and counts per endpoint and arm, batch sizes, fallbacks, model versions."""
+    return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,76 @@
+"""Helpers of the gateway's live tests: a real ``balanceroute gateway`` process on a free port."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from balanceroute.serving.testbed.emulator.metrics import metric_total, parse_metrics
+from balanceroute.serving.testbed.harness import ServerProcess, clean_env, free_port
+from tests.serving.testbed.helpers import REPO
+
+CLI = [sys.executable, "-c", "import sys; from balanceroute.cli import main; sys.exit(main())"]
+
+
+class GatewayProcess:
+    """``balanceroute gateway`` in a subprocess, stopped by its own pid."""
+
+    def __init__(self, log: Path, ranks: list[str], *args: str, env: dict | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        argv = [*CLI, "gateway", "--port", str(self.port), "--tick", "5ms"]
+        for r in ranks:
+            argv += ["--rank", r]
+        argv += list(args)
+        self.out_path = log
+        self.process = ServerProcess(argv, log=log, env=clean_env(env), cwd=REPO)
+        self.proc = self.process.proc
+        self.wait_ready()
+
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        self.process.wait_ready([self.url + "/readyz"], timeout_s)
+
+    def log(self) -> str:
+        return self.process.log()
+
+    def metric(self, name: str, **labels: str) -> float:
+        text = httpx.get(self.url + "/metrics", timeout=5.0).text
+        return metric_total(parse_metrics(text), name, **labels)
+
+    def get(self, path: str, **kw: Any) -> httpx.Response:
+        return httpx.get(self.url + path, timeout=10.0, **kw)
+
+    def post(self, path: str, **kw: Any) -> httpx.Response:
+        return httpx.post(self.url + path, timeout=kw.pop("timeout", 60.0), **kw)
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        """SIGTERM (the gateway writes its logs and results), then kill if it hangs."""
+        return self.process.terminate(timeout_s)
+
+    def kill(self) -> None:
+        self.process.kill()
+
+
+def completion(url: str, max_tokens: int, *, stream: bool, prompt: str = "hello there",
+               rid: str | None = None, timeout: float = 60.0) -> httpx.Response:  # fmt: skip
+    """One completion request (``ignore_eos``: exactly ``max_tokens`` tokens)."""
+    body = {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "stream": stream}
+    headers = {"x-request-id": rid} if rid else {}
+    return httpx.post(url + "/v1/completions", json=body, headers=headers, timeout=timeout)
+
+
+def token_events(text: str) -> int:
+    """Token chunks in an SSE body."""
+    import orjson
+
+    n = 0
+    for line in text.splitlines():
+        if line.startswith("data: {"):
+            obj = orjson.loads(line[6:])
+            choices = obj.get("choices") or []
+            if choices and choices[0].get("text") is not None:
+                n += 1
+    return n

@@ -87,13 +87,14 @@ def _cut(requests: pd.DataFrame) -> int:
 
 
 @pytest.mark.stops_rank
-@pytest.mark.xfail(strict=True, reason="issue 18: the completion log has no finish_reason")
+@pytest.mark.xfail(strict=True, reason="issue 18: no finish_reason in the completion log; a "
+                   "stream vLLM aborted may be logged as completed with its cut length")  # fmt: skip
 def test_log_has_no_truncated_rows_after_rank_stop(rank_stopped_run: dict[str, Any]) -> None:
     """After a rank's SIGTERM the log holds only whole requests, each with its finish_reason."""
     requests = rank_stopped_run["via"][1]
     assert _cut(requests) >= 1, "no stream was cut: the run proves nothing"
     log = rank_stopped_run["log"]
-    assert "finish_reason" in log.columns, list(log.columns)
-    assert set(log["finish_reason"]) <= {"length", "stop"}, log["finish_reason"].value_counts()
     short = log[log["output_tokens"] != ASKED]
     assert short.empty, short[["request_id", "output_tokens"]].to_dict("records")
+    assert "finish_reason" in log.columns, list(log.columns)
+    assert set(log["finish_reason"]) <= {"length", "stop"}, log["finish_reason"].value_counts()

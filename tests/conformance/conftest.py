@@ -19,7 +19,7 @@ HERE = Path(__file__).parent
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark this folder's tests ``conformance``; the check that stops a rank runs last."""
+    """Mark this folder's tests ``conformance``; the checks that stop a rank run last."""
     mine = [i for i in items if HERE in Path(str(i.fspath)).parents]
     for item in mine:
         item.add_marker(pytest.mark.conformance)

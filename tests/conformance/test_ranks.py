@@ -1,0 +1,63 @@
+"""The gateway's view of the ranks matches vLLM's own metrics, in URL mode and header mode."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import time
+
+import httpx
+import pytest
+
+from tests.conformance.engine import Engine
+from tests.conformance.processes import Gateway
+from tests.conformance.wire import body, metric, stream
+
+RUNNING = "balanceroute_gateway_rank_running_requests"
+
+
+def _settled(gw: Gateway, engine: Engine, want: int, timeout_s: float = 30.0) -> tuple:
+    """Poll until the gateway counts ``want`` running, then both sides' per-rank counts."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        text = httpx.get(gw.url + "/metrics", timeout=5).text
+        ours = [metric(text, RUNNING, rank=str(g)) for g in range(len(engine.ranks))]
+        theirs = [metric(httpx.get(u + "/metrics", timeout=5).text, "vllm:num_requests_running")
+                  for u in engine.ranks]  # fmt: skip
+        if (sum(ours) == want and ours == theirs) or time.monotonic() > deadline:
+            return ours, theirs
+        time.sleep(0.2)
+
+
+def test_running_counts_follow_vllm(engine: Engine, gateway: Gateway) -> None:
+    """While 4 long streams run, the gateway's per-rank running counts equal vLLM's."""
+    long = body(engine.model, max_tokens=3000)
+    with cf.ThreadPoolExecutor(4) as pool:
+        streams = [pool.submit(stream, gateway.url, long, timeout_s=8.0) for _ in range(4)]
+        ours, theirs = _settled(gateway, engine, 4)
+        for f in streams:
+            f.result()
+    assert sum(ours) == 4 and ours == theirs, (ours, theirs)
+
+
+def test_header_mode_on_a_data_parallel_server(engine: Engine, start_gateway) -> None:
+    """Header mode in front of one --data-parallel-size server: both engines serve requests."""
+    if engine.dp_url is None:
+        pytest.skip("needs CONFORMANCE_DP_URL (a --data-parallel-size server)")
+    env = {"BALANCEROUTE_UPSTREAM_API_KEY": engine.dp_api_key or ""}
+    gw = start_gateway([engine.dp_url], "--rank-header", "X-data-parallel-rank", "--ranks",
+                       str(engine.dp_size), env=env)  # fmt: skip
+
+    def served() -> list[float]:
+        text = httpx.get(engine.dp_url + "/metrics", headers=engine.dp_headers, timeout=5).text
+        return [metric(text, "vllm:request_success_total", engine=str(g))
+                for g in range(engine.dp_size)]  # fmt: skip
+
+    before = served()
+    with cf.ThreadPoolExecutor(4) as pool:
+        done = list(pool.map(lambda _: stream(gw.url, body(engine.model, max_tokens=200)),
+                             range(4)))  # fmt: skip
+    assert all(s.done and s.usage is None and s.finish_reasons == ["length"] for s in done), [
+        s.failure for s in done
+    ]
+    after = served()
+    assert all(a > b for a, b in zip(after, before, strict=True)), (before, after)

@@ -10,9 +10,9 @@ import time
 import httpx
 import pytest
 
+from balanceroute.serving.testbed.harness import free_port
 from tests.conformance.engine import Engine
 from tests.conformance.fakes import HangingRank
-from tests.conformance.processes import free_port
 from tests.conformance.shapes import error_of
 from tests.conformance.wire import body, stream
 

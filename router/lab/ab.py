@@ -30,6 +30,13 @@ from balanceroute.router.lab.cost import CostModel
 from balanceroute.router.lab.paired import HIGHER_IS_BETTER, paired_ratio
 from balanceroute.router.lab.prefill import PrefillConfig
 from balanceroute.router.lab.runner import ReplaySpec, released_requests, replay
+from balanceroute.router.lab.twin import (
+    TwinConfig,
+    TwinGroup,
+    scheduled_weight,
+    twin_managed,
+    twin_schedule,
+)
 from balanceroute.router.policies.specs import RouterSpec
 
 TRAJECTORY_WINDOW = 1500
@@ -53,6 +60,7 @@ class ABConfig:
     cost: CostModel = field(default_factory=CostModel)
     horizon: int = 80
     reference: str | None = None
+    twin: TwinConfig = field(default_factory=TwinConfig)
     window_requests: int | None = None  # repeats windows of this many requests (else fraction)
     noise_floor: bool = False  # also replay the reference on windows shifted by one request
 
@@ -87,6 +95,7 @@ class Task:
     stop: int
     keep_traces: bool
     noise: bool = False
+    twin: tuple[float, dict[str, Any]] | None = None  # the weight a twin chose before the window
 
 
 def replay_windows(
@@ -178,7 +187,12 @@ def run_task(
     )
     released, scale = released_requests(frame, replay_spec)
     result, summary = replay(
-        frame, replay_spec, estimator=est, released=released, record_loads=task.keep_traces
+        frame,
+        replay_spec,
+        estimator=est,
+        released=released,
+        record_loads=task.keep_traces,
+        scheduled=task.twin,
     )
     summary["config"]["prefill"]["rate_scale"] = scale
     out: dict[str, Any] = {
@@ -210,6 +224,46 @@ def run_task(
 DASK_CONNECT_TIMEOUT_S = 10
 
 
+def twin_schedules(
+    replay_frame: pd.DataFrame,
+    fitted: dict[str, CompletionEstimator],
+    cfg: ABConfig,
+    jobs: int,
+    progress=None,
+) -> dict[tuple[str, int], tuple[list, dict[str, Any]]]:
+    """For every twin-managed arm and G: the twin run over the replayed requests in arrival
+    order (each window then routes with the weight decided on the requests before it)."""
+    from joblib import Parallel, delayed
+
+    todo = []
+    for arm in cfg.arms:
+        if not twin_managed(arm.build_policy(fitted.get(arm.label))):
+            continue
+        for g in cfg.workers:
+            todo.append((arm, g))
+    if not todo:
+        return {}
+    if progress:
+        progress(f"twin: deciding blend weights on the past of every window ({len(todo)} runs)")
+
+    def one(arm: RouterSpec, g: int):
+        spec = ReplaySpec(
+            router=arm,
+            workers=g,
+            slots=cfg.slots,
+            seed=cfg.seed,
+            cost=cfg.cost,
+            prefill=PrefillConfig(saturate=cfg.saturate, rate_scale=cfg.rate_scale),
+            load=cfg.load,
+        )
+        released, _ = released_requests(replay_frame, spec)
+        group = TwinGroup(arm, g, cfg.slots, cfg.cost, cfg.seed)
+        return twin_schedule(group, copy.deepcopy(fitted.get(arm.label)), released, cfg.twin)
+
+    done = Parallel(n_jobs=jobs, verbose=0)(delayed(one)(a, g) for a, g in todo)
+    return {(a.label, g): r for (a, g), r in zip(todo, done, strict=True)}
+
+
 def run_ab(
     frame: pd.DataFrame,
     cfg: ABConfig,
@@ -239,6 +293,13 @@ def run_ab(
             for g in cfg.workers
             for r, (start, stop) in enumerate(windows)
         ]
+    schedules = twin_schedules(replay_frame, fitted, cfg, jobs, progress)
+    for t in tasks:
+        if (t.arm.label, t.workers) in schedules:
+            t.twin = scheduled_weight(
+                schedules[(t.arm.label, t.workers)][0], t.start, cfg.twin.start_weight
+            )
+    info["twin"] = {f"{a} G={g}": st for (a, g), (_, st) in schedules.items()}
     if progress:
         progress(
             f"replaying {len(tasks)} tasks ({len(cfg.arms)} arms x {len(cfg.workers)} G x "

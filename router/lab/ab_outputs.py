@@ -94,12 +94,15 @@ def write_ab_results(
             "workload": source,
             "workload_text": describe_workload(source),
             "plots": [p.name for p in made],
-            "estimators": {k: v for k, v in raw["info"].items() if k not in ("windows", "overlap")},
+            "estimators": {
+                k: v for k, v in raw["info"].items() if k not in ("windows", "overlap", "twin")
+            },
             **(
                 {
                     "window_requests": cfg.window_requests,
                     "window_overlap": raw["info"]["overlap"],
                     "noise_floor": cfg.noise_floor,
+                    "twin": raw["info"].get("twin", {}),
                 }
                 if cfg.window_requests is not None
                 else {}

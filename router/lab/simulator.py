@@ -296,6 +296,7 @@ class DecodeSimulator:
         wall0 = time.perf_counter()
         validate = cfg.validate
         on_complete = policy.on_complete
+        background = policy.background
         route = policy.route
         worker_of, slot_of, slot_req, stacks = (
             self.worker_of,
@@ -327,6 +328,7 @@ class DecodeSimulator:
                 t0 = time.perf_counter_ns()
                 on_complete(fin_arr, outputs[fin_arr], self.clock, k)
                 hook_ns += time.perf_counter_ns() - t0
+                background(k)
                 if progress is not None:
                     progress.update(len(fin))
             loads = [x + a for x, a in zip(loads, active, strict=True)]

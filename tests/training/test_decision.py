@@ -123,9 +123,22 @@ def test_recommendation_picks_the_best_beats_none_by_a_margin_and_skips_nan():
     assert recommend(m, "replay_ratio").line().startswith("recommendation: survival (by ")
 
 
+def test_the_twin_ratio_decides_first_and_none_wins_when_the_twin_keeps_no_prediction():
+    m = {
+        REFERENCE: {"twin_ratio": 1.0, "replay_ratio": 1.0},
+        "survival": {"twin_ratio": 1.0, "replay_ratio": 0.8},
+        "gbdt": {"twin_ratio": 1.0, "replay_ratio": 1.1},
+    }
+    assert recommend(m).score == RANKING_SCORES[0] == "twin_ratio"
+    assert recommend(m).pick == REFERENCE  # the twin found nobody significantly better
+    m["gbdt"]["twin_ratio"] = 0.9
+    assert recommend(m).pick == "gbdt"
+
+
 def test_replay_ratio_routes_unguarded_unless_asked():
     # the guard would stand aside on short replays and make every ratio 1
     assert ReplayScoreConfig().spec(20).router.options["guard"] is False
+    assert ReplayScoreConfig().spec(20).router.options["twin"] is False  # the estimator itself
     assert ReplayScoreConfig(guard=True).spec(20).router.options["guard"] is True
 
 
@@ -135,7 +148,8 @@ def test_recommendation_by_default_falls_back_when_the_replay_ratio_is_unmeasure
         "survival": {"replay_ratio": 0.9, "proj_error_margin": 0.031},
         "gbdt": {"replay_ratio": 1.1, "proj_error_margin": 0.020},
     }
-    assert recommend(m).pick == "survival" and recommend(m).score == RANKING_SCORES[0]
+    # no twin ratio measured (evaluate without the twin): the replay ratio decides
+    assert recommend(m).pick == "survival" and recommend(m).score == RANKING_SCORES[1]
     for k in m:  # no steady state in the replays: no replay ratio for anyone
         m[k]["replay_ratio"] = math.nan
     rec = recommend(m)

@@ -396,7 +396,7 @@ class TwinDriver(Policy):
     def reset(self, ctx: RunContext) -> None:
         super().reset(ctx)
         self.inner.reset(ctx)
-        self.inner.blend = self.twin.weight
+        self.inner.set_blend(self.twin.weight)
 
     def route(self, state: RouterState) -> Admissions:
         self.weight_sum += self.inner.blend
@@ -425,7 +425,7 @@ class TwinDriver(Policy):
         self.last_iteration = max(self.last_iteration, iteration)
         while self.credit > 0 and self.twin.ready():
             self.credit -= self.twin.step()
-            self.inner.blend = self.twin.weight
+            self.inner.set_blend(self.twin.weight)
 
     def run_stats(self) -> dict[str, Any]:
         out = dict(self.inner.run_stats())
@@ -470,7 +470,7 @@ class ScheduledBlend(Policy):
     def reset(self, ctx: RunContext) -> None:
         super().reset(ctx)
         self.inner.reset(ctx)
-        self.inner.blend = self.weight
+        self.inner.set_blend(self.weight)
 
     def route(self, state: RouterState) -> Admissions:
         return self.inner.route(state)

@@ -86,19 +86,19 @@ class BalanceRouteConfig:
         default=None, metadata={"help": "per-worker KV token capacity over the horizon"}
     )
     guard: bool = field(
-        default=False,
+        default=True,
         metadata={
-            "help": "the older do-no-harm guard (retired as the default, replaced by the twin): "
-            "a deployable estimator's projection is used only while its decisions, judged on "
-            "what happened one horizon later, beat those made without it"
+            "help": "do-no-harm guard where no twin drives the policy (the service until it "
+            "runs a twin): a deployable estimator's projection is used only while its "
+            "decisions, judged on what happened one horizon later, beat those made without it"
         },
     )
     twin: bool = field(
         default=True,
         metadata={
-            "help": "blend weight chosen by the decode group's twin (router/lab/twin.py): the "
-            "estimator's projection P is shrunk toward the prediction-free P0, "
-            "P0 - w (P0 - P), w starting at 0 until the twin's replays show a better one"
+            "help": "where a twin runs beside the router (simulate, ab, evaluate: "
+            "router/lab/twin.py), it chooses the blend weight w of P0 - w (P0 - P), starting "
+            "at 0, in place of the guard; twin=false;guard=false uses the estimator as it is"
         },
     )
     blend: float | None = field(

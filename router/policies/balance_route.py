@@ -155,12 +155,11 @@ class BalanceRoutePolicy(Policy):
         self.refreshes = 0
         self.refill_prompt: float | None = None
         self.guard = None
-        # the blend weight w of P0 - w (P0 - P): fixed, or the twin's (None: the estimator's P)
+        # the blend weight w of P0 - w (P0 - P): fixed, or set by a twin (router/lab/twin.py)
+        # that then also stands in for the guard; None: the estimator's P (or the guard's)
         self.blend: float | None = None
         if cfg.horizon > 0 and cfg.blend is not None:
             self.blend = float(cfg.blend)
-        elif self.twin_managed:
-            self.blend = 0.0  # do no harm until the twin (router/lab/twin.py) shows better
         if cfg.blend is None and cfg.guard and cfg.horizon > 0 and guarded(self.estimator):
             self.guard = ProjectionGuard(
                 g, cfg.horizon, g * ctx.slots, stride=cfg.guard_stride, memory=cfg.guard_memory
@@ -169,16 +168,15 @@ class BalanceRoutePolicy(Policy):
 
     @property
     def twin_managed(self) -> bool:
-        """Whether a twin chooses this policy's blend weight: BR-H with a deployable estimator,
-        the twin on, no fixed blend and no guard."""
+        """Whether a twin, where one runs, chooses this policy's blend weight: BR-H with a
+        deployable estimator, the twin on and no fixed blend."""
         cfg = self.config
-        return (
-            cfg.twin
-            and cfg.blend is None
-            and not cfg.guard
-            and cfg.horizon > 0
-            and guarded(self.estimator)
-        )
+        return cfg.twin and cfg.blend is None and cfg.horizon > 0 and guarded(self.estimator)
+
+    def set_blend(self, weight: float) -> None:
+        """A twin's weight: used from the next routing step on, in place of the guard."""
+        self.guard = None
+        self.blend = float(weight)
 
     def share_guard(self, guard: ProjectionGuard) -> bool:
         """Use ``guard`` (kept by the caller across decisions) instead of a guard of this run's

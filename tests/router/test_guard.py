@@ -118,7 +118,6 @@ def _history():
 def _replay(estimator, **options):
     rng = np.random.default_rng(6)
     prompts, outputs = rng.integers(100, 3000, 600), rng.integers(1, 120, 600)
-    options = {"guard": True, **options}  # the guard is an option now (the twin is the default)
     pol = BRHPolicy(estimator=estimator, horizon=16, **options)
     return pol, simulate(released(prompts, outputs), pol, SimConfig(workers=3, slots=6))
 

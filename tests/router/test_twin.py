@@ -53,19 +53,29 @@ def test_blend_zero_is_no_prediction_and_blend_one_is_the_estimator():
     zero, none = _run(est(), blend=0.0), _run(None)
     np.testing.assert_array_equal(zero.worker, none.worker)
     np.testing.assert_array_equal(zero.admit_iter, none.admit_iter)
-    one, raw = _run(est(), blend=1.0), _run(est(), twin=False)
+    one, raw = _run(est(), blend=1.0), _run(est(), twin=False, guard=False)
     np.testing.assert_array_equal(one.worker, raw.worker)
     np.testing.assert_array_equal(one.admit_iter, raw.admit_iter)
 
 
-def test_a_twin_managed_policy_starts_without_prediction():
+def test_which_policies_a_twin_drives_and_that_it_starts_without_prediction():
     est = SurvivalEstimator(horizon=16).fit(_history())
-    pol = BRHPolicy(estimator=est, horizon=16)
-    assert pol.twin_managed and not BRHPolicy(estimator=est, horizon=16, guard=True).twin_managed
+    assert BRHPolicy(estimator=est, horizon=16).twin_managed
     assert not BRHPolicy(estimator=est, horizon=16, twin=False).twin_managed
+    assert not BRHPolicy(estimator=est, horizon=16, blend=0.5).twin_managed
     assert not BRHPolicy(estimator=None, horizon=16).twin_managed
-    managed, none = _run(est), _run(None)
-    np.testing.assert_array_equal(managed.worker, none.worker)
+    prompts, outputs = _requests()
+    rel = released(prompts, outputs)
+    spec = RouterSpec.parse("brh:survival{horizon=16}")
+    group = TwinGroup(spec, workers=3, slots=6)
+    cfg = TwinConfig(candidates=CANDIDATES, block_requests=10**6)  # never decides
+    driver = TwinDriver(spec.build_policy(est), DecodeTwin(group, est, cfg), rel)
+    res = simulate(rel, driver, SimConfig(workers=3, slots=6))
+    assert driver.inner.guard is None and "guard_weight" not in res.extras
+    none = _run(None)
+    np.testing.assert_array_equal(res.worker, none.worker)
+    np.testing.assert_array_equal(res.admit_iter, none.admit_iter)
+    assert res.extras["twin_weight_mean"] == 0.0 and res.extras["twin_decisions"] == 0
 
 
 # ---- the sequential test -------------------------------------------------------------------

@@ -157,3 +157,32 @@ def test_recommendation_by_default_falls_back_when_the_replay_ratio_is_unmeasure
     for k in m:
         m[k]["proj_error_margin"] = math.nan
     assert recommend(m).pick == REFERENCE
+
+
+def test_twin_scores_are_the_twins_verdict_on_the_holdout(monkeypatch):
+    """Every estimator gets the twin's ratio, weight and bound; ``none`` and references are
+    1 and 0; a weight above 0 comes with a ratio below 1 (the twin only moves on a gain)."""
+    from balanceroute.router.lab import twin as twin_module
+    from balanceroute.training.replay_scores import twin_scores
+
+    monkeypatch.setattr(twin_module, "BLOCK_SLOT_MULTIPLE", 4)  # blocks of 4 G B = 64 requests
+    trace = generate("mooncake-conv", 1600, seed=2)
+    holdout = make_holdout(trace)
+    ests = {
+        "oracle": make_estimator("oracle", horizon=H).fit(holdout.test),
+        "survival": make_estimator("survival", horizon=H).fit(holdout.train),
+        REFERENCE: make_estimator("none", horizon=H).fit(),
+    }
+    out = twin_scores(ests, holdout.test, H, ReplayScoreConfig(workers=2, slots=8))
+    assert (
+        out[REFERENCE]
+        == out["oracle"]
+        == {"twin_ratio": 1.0, "twin_weight": 0.0, "twin_upper": 1.0}
+    )
+    s = out["survival"]
+    assert set(s) == {"twin_ratio", "twin_weight", "twin_upper"}
+    assert s["twin_weight"] in (0.0, 0.5, 1.0)
+    if s["twin_weight"] > 0:
+        assert s["twin_ratio"] < 1.0 and s["twin_upper"] < 1.0
+    else:
+        assert s["twin_ratio"] == 1.0

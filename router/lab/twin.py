@@ -64,7 +64,10 @@ class TwinConfig:
     margin: float = 0.01  # the bound must be below -margin (about 1% better) to switch
     cooldown: int = 4  # blocks after a switch before the next one
     start_weight: float = 0.0
-    work_ratio: float = 8.0  # simulated twin iterations per live iteration at most
+    # simulated twin iterations per live iteration at most: about 4% of one core beside a
+    # G = 8, B = 64 group at 60 ms iterations on this machine (0.47 ms a twin iteration with
+    # gbdt, benchmarks/perf/router_latency.py); a twin behind skips to the newest block
+    work_ratio: float = 5.0
 
     def __post_init__(self) -> None:
         if 0.0 not in self.candidates or self.start_weight not in self.candidates:
@@ -262,6 +265,7 @@ class DecodeTwin:
         self.iterations = 0  # simulated by the twin
         self.cpu_s = 0.0
         self.blocks_skipped = 0
+        self.blocks_dropped = 0  # skipped over to keep up (budget)
         self.baseline = {} if baseline is None else baseline  # w = 0 replays, shareable
 
     @property
@@ -288,16 +292,23 @@ class DecodeTwin:
     def _span(self, b: int) -> tuple[int, int]:
         return b * self.stride, b * self.stride + self.size
 
-    def ready(self) -> bool:
-        """Whether every request of the next block has finished."""
-        lo, hi = self._span(self.next_block)
+    def _ready(self, b: int) -> bool:
+        lo, hi = self._span(b)
         return hi <= self.known.size and bool(self.known[lo:hi].all())
 
-    def step(self) -> int:
+    def ready(self) -> bool:
+        """Whether every request of the next block has finished."""
+        return self._ready(self.next_block)
+
+    def step(self, latest: bool = False) -> int:
         """Replay the next block under every candidate (if complete) and decide; returns the
-        simulated iterations it took (0 when there was nothing to do)."""
+        simulated iterations it took (0 when there was nothing to do). ``latest``: a twin
+        behind its traffic (budget) skips to the newest complete block."""
         if not self.ready():
             return 0
+        while latest and self._ready(self.next_block + 1):
+            self.next_block += 1
+            self.blocks_dropped += 1
         t0 = time.process_time()
         b = self.next_block
         lo, hi = self._span(b)
@@ -366,6 +377,7 @@ class DecodeTwin:
             "twin_decisions": self.test.decisions,
             "twin_switches": self.test.switches,
             "twin_blocks_skipped": self.blocks_skipped,
+            "twin_blocks_dropped": self.blocks_dropped,
             "twin_block_requests": self.size,
             "twin_block_stride": self.stride,
             "twin_iterations": self.iterations,
@@ -424,7 +436,7 @@ class TwinDriver(Policy):
         self.credit += self.twin.cfg.work_ratio * max(0, iteration - self.last_iteration)
         self.last_iteration = max(self.last_iteration, iteration)
         while self.credit > 0 and self.twin.ready():
-            self.credit -= self.twin.step()
+            self.credit -= self.twin.step(latest=True)
             self.inner.set_blend(self.twin.weight)
 
     def run_stats(self) -> dict[str, Any]:

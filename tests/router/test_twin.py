@@ -250,3 +250,15 @@ def test_the_schedule_is_causal_and_the_driver_reports_its_work():
     res = simulate(rel, driver, SimConfig(workers=3, slots=6))
     assert res.extras["twin_decisions"] >= 1 and res.extras["twin_iterations"] > 0
     assert res.extras["twin_cpu_s"] >= 0.0 and res.extras["twin_weight_mean"] is not None
+
+
+def test_a_twin_behind_its_traffic_skips_to_the_newest_complete_block():
+    est = SurvivalEstimator(horizon=16).fit(_history())
+    group = TwinGroup(RouterSpec.parse("brh:survival{horizon=16}"), workers=2, slots=4)
+    cfg = TwinConfig(candidates=CANDIDATES, block_requests=20, overlap=1)
+    prompts, outputs = _requests(70)
+    twin = DecodeTwin(group, est, cfg)
+    twin.observe(_finished(np.arange(70), np.zeros(70), np.full(70, np.inf), prompts, outputs))
+    assert twin.step(latest=True) > 0
+    assert twin.next_block == 3 and twin.stats()["twin_blocks_dropped"] == 2
+    assert not twin.ready() and twin.step(latest=True) == 0  # 60..69 is not a whole block

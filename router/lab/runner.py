@@ -154,7 +154,8 @@ def replay(
     else:
         scale = spec.prefill.rate_scale
     policy = spec.router.build_policy(estimator)
-    if twin_managed(policy):
+    # a remote estimator's predictions are what such a run measures: no twin (the guard)
+    if twin_managed(policy) and not isinstance(estimator, RemoteEstimator):
         if scheduled is not None:
             policy = ScheduledBlend(policy, *scheduled)
         else:

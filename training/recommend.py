@@ -33,10 +33,13 @@ SCORE_SIGNS: dict[str, int] = {
     "proj_error": 1,
     "proj_error_margin": 1,
     "replay_ratio": 1,
+    "twin_ratio": 1,
 }
-# docs/results.md, "Which score ranks estimators like the A/B": the replay ratio ranks best; it
+# The twin's ratio first: what the default BR-H (the twin choosing the blend weight) makes of
+# each estimator on the holdout, 1 where the twin keeps no prediction (issue 19). Then, as
+# docs/results.md ("Which score ranks estimators like the A/B") found, the replay ratio; it
 # needs a steady state in the replays, and where there is none the projection error decides
-RANKING_SCORES: tuple[str, ...] = ("replay_ratio", "proj_error_margin")
+RANKING_SCORES: tuple[str, ...] = ("twin_ratio", "replay_ratio", "proj_error_margin")
 RANKING_SCORE = RANKING_SCORES[0]
 MARGIN = 0.0  # relative improvement over ``none`` an estimator needs to be recommended
 

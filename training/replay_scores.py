@@ -24,6 +24,14 @@ holdout's requests (a score of the estimator in the router, not of its accuracy)
 router runs without its do-no-harm guard: on replays this short the guarded router stands aside
 for most estimators, and every ratio comes out 1 whatever the estimator is worth.
 
+Twin ratio (``twin_ratio``): the decode group's twin (``router/lab/twin.py``) run over the
+holdout in arrival order with each estimator: paired replays of overlapping blocks under the
+blend weights, its sequential test and hysteresis. The score is the geometric mean, over the
+blocks, of the ratio of the steady imbalance at the weight the twin settles on to that without
+prediction (1 where the twin keeps ``w = 0``): what the default BR-H makes of the estimator.
+``twin_weight`` is that weight, ``twin_upper`` the upper end of the twin's one-sided bound
+for it (below 1 when the twin found it significantly better).
+
 Like the A/B harness, the requests are replayed in ``repeats`` evenly spaced windows of half of
 them each (one replay varies a lot from window to window): the states are sampled in every
 window, and the replay ratio is the median over the windows.
@@ -39,10 +47,11 @@ import numpy as np
 import pandas as pd
 
 from balanceroute.features.errors import UserError
-from balanceroute.predict.base import CompletedBatch, CompletionEstimator, RunningBatch
+from balanceroute.predict.base import CompletedBatch, CompletionEstimator, Fitting, RunningBatch
 from balanceroute.router.lab.ab import replay_windows
 from balanceroute.router.lab.prefill import PrefillConfig
-from balanceroute.router.lab.runner import ReplaySpec, replay
+from balanceroute.router.lab.runner import ReplaySpec, released_requests, replay
+from balanceroute.router.lab.twin import DecodeTwin, TwinGroup, finished_all
 from balanceroute.router.policies.policy import Policy, RunContext
 from balanceroute.router.policies.specs import RouterSpec
 from balanceroute.router.policies.state import Admissions, RouterState
@@ -69,6 +78,13 @@ class ReplayScoreConfig:
     )
     every: int = field(default=10, metadata={"help": "routing calls between sampled states"})
     max_states: int = field(default=300, metadata={"help": "sampled states at most"})
+    twin: bool = field(
+        default=True,
+        metadata={
+            "help": "twin_ratio: the decode twin's paired replays of the holdout (blocks of "
+            "8 G B requests) under each estimator, at the blend weight the twin settles on"
+        },
+    )
     guard: bool = field(
         default=False,
         metadata={
@@ -94,7 +110,7 @@ class ReplayScoreConfig:
         """The replay: ``brh`` looking ``horizon`` ahead, without prediction (the estimator
         given to the replay replaces it; guarded only with ``guard``), on this group,
         saturated or at ``load``."""
-        options = f"horizon={int(horizon)};guard={str(self.guard).lower()}"
+        options = f"horizon={int(horizon)};guard={str(self.guard).lower()};twin=false"
         return ReplaySpec(
             router=RouterSpec.parse(f"{STATE_ROUTER}{{{options}}}"),
             workers=self.workers,
@@ -236,8 +252,10 @@ def replay_scores(
             steady = summary["steady_mean_imbalance"]
             if steady is not None and base:  # None: the pool never waited (a window too small)
                 ratios[kind].append(steady / base)
+    twin = twin_scores(estimators, requests, horizon, cfg) if cfg.twin else {}
     return {
         k: {
+            **twin.get(k, {}),
             "proj_error": float(sums[k][0] / max(states, 1)),
             "proj_error_margin": float(sums[k][1] / max(states, 1)),
             "proj_states": states,
@@ -245,6 +263,48 @@ def replay_scores(
         }
         for k in estimators
     }
+
+
+def twin_scores(
+    estimators: dict[str, CompletionEstimator],
+    requests: pd.DataFrame,
+    horizon: int,
+    cfg: ReplayScoreConfig,
+) -> dict[str, dict[str, float]]:
+    """``twin_ratio``, ``twin_weight`` and ``twin_upper`` of every estimator: the twin's
+    paired block replays of ``requests`` (copies of the estimators; the replays without
+    prediction are shared)."""
+    spec = cfg.spec(horizon)
+    router = RouterSpec.parse(f"brh{{horizon={int(horizon)}}}")
+    spec = ReplaySpec(
+        router=router,
+        workers=spec.workers,
+        slots=spec.slots,
+        prefill=spec.prefill,
+        load=spec.load,
+    )
+    released, _ = released_requests(requests, spec)
+    group = TwinGroup(router, spec.workers, spec.slots, spec.cost, spec.seed)
+    baseline: dict = {}
+    out = {}
+    for kind, est in estimators.items():
+        if est.fitting is Fitting.NONE or not est.deployable:
+            out[kind] = {"twin_ratio": 1.0, "twin_weight": 0.0, "twin_upper": 1.0}
+            continue
+        twin = DecodeTwin(group, copy.deepcopy(est), baseline=baseline)
+        twin.observe(finished_all(released, twin.size))
+        while twin.ready():
+            twin.step()
+        w = twin.weight
+        j = twin.test.candidates.index(w)
+        versus = twin.test.versus_zero()
+        mean, upper = (0.0, 0.0) if versus is None or j == 0 else (versus[0][j], versus[1][j])
+        out[kind] = {
+            "twin_ratio": float(np.exp(mean)),
+            "twin_weight": float(w),
+            "twin_upper": float(np.exp(upper)),
+        }
+    return out
 
 
 def projection_errors(

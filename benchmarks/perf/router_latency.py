@@ -16,7 +16,10 @@ replayed), predictions every iteration; ``ratio_to_brh_none_median`` compares ea
 
 Targets: (issue 3) at G=8, B=64, H=80, R_max=4 with a pool of 256, BR-H median <= 100 us,
 p99 <= 400 us and <= 1.5x count-JSQ's median; at G=128 median <= 2 ms. (issue 14) with any
-learned estimator, median <= 500 us at G=8, B=64 and <= 2x ``brh:none``'s median.
+learned estimator, median <= 500 us at G=8, B=64 and <= 2x ``brh:none``'s median. (issue 19)
+an arm ``NAME+twin`` runs beside the live decode twin: its routing median must stay that of
+``NAME`` (the twin works off the routing path), and the twin's CPU per 1,000 iterations and its
+share of one core at 60 ms iterations are reported (target <= 5%).
 
     .venv/bin/python benchmarks/perf/router_latency.py [--runs 3] [--pool 256]
 """
@@ -41,6 +44,7 @@ from balanceroute.features.synthetic import generate
 from balanceroute.predict.factory import build_estimator
 from balanceroute.router.lab.prefill import PrefillConfig, release
 from balanceroute.router.lab.simulator import SimConfig, simulate
+from balanceroute.router.lab.twin import TwinGroup, attach_twin
 from balanceroute.router.policies.baselines import CountJSQPolicy
 from balanceroute.router.policies.specs import RouterSpec
 
@@ -80,7 +84,7 @@ def pooled_releases(frame, workers: int, slots: int, pool: int):
 def fitted_estimators(history, arms):
     """The learned arms' estimators, fitted once on ``history`` (copied for every run)."""
     out = {}
-    for a in arms:
+    for a in dict.fromkeys(a.removesuffix(TWIN) for a in arms):
         spec = RouterSpec.parse(arm_spec(a))
         if spec.estimator is not None and spec.estimator.needs_history:
             out[a] = build_estimator(
@@ -89,15 +93,28 @@ def fitted_estimators(history, arms):
     return out
 
 
-def run_arm(name, rq, frame, workers, slots, fitted):
-    spec = RouterSpec.parse(arm_spec(name))
+TWIN = "+twin"  # an arm name ending so runs beside the decode twin (router/lab/twin.py)
+ITERATION_S = 0.060  # a real decode iteration, for the twin's share of one core
+
+
+def run_arm(name, rq, frame, workers, slots, fitted, twin_cost=None):
+    """Median and p99 routing-call time of one run; ``name + TWIN`` attaches the live twin
+    (off the routing path) and adds its CPU to ``twin_cost``."""
+    twin = name.endswith(TWIN)
+    base = name[: -len(TWIN)] if twin else name
+    spec = RouterSpec.parse(arm_spec(base))
+    name = base if twin and base in fitted else name
     est = None
     if name in fitted:
         est = copy.deepcopy(fitted[name])  # online updates must not leak between runs
     elif spec.estimator is not None:
         est = build_estimator(spec.estimator, replay=frame, horizon=spec.horizon or DEFAULT_HORIZON)
     policy = spec.build_policy(est)
+    if twin:
+        policy = attach_twin(policy, TwinGroup(spec, workers, slots), rq)
     res = simulate(rq, policy, SimConfig(workers=workers, slots=slots, record_loads=False))
+    if twin and twin_cost is not None:
+        twin_cost.append((res.extras.get("twin_cpu_s", 0.0), res.iterations))
     us = res.router_ns[1:] / 1e3  # the first call loads compiled kernels
     return float(np.median(us)), float(np.percentile(us, 99))
 
@@ -110,8 +127,8 @@ def ratio(values, base):
 def study(frame, workers, slots, pool, runs, arms):
     fitted = {}
     if any(
-        RouterSpec.parse(arm_spec(a)).estimator is not None
-        and RouterSpec.parse(arm_spec(a)).estimator.needs_history
+        RouterSpec.parse(arm_spec(a.removesuffix(TWIN))).estimator is not None
+        and RouterSpec.parse(arm_spec(a.removesuffix(TWIN))).estimator.needs_history
         for a in arms
     ):
         history, frame = time_split(frame, 0.3, rebase_tail=True)
@@ -119,9 +136,10 @@ def study(frame, workers, slots, pool, runs, arms):
     rq = pooled_releases(frame, workers, slots, pool)
     med = {a: [] for a in arms}
     p99 = {a: [] for a in arms}
+    cost = {a: [] for a in arms}
     for _ in range(runs):
         for a in arms:
-            m, p = run_arm(a, rq, frame, workers, slots, fitted)
+            m, p = run_arm(a, rq, frame, workers, slots, fitted, cost[a])
             med[a].append(m)
             p99[a].append(p)
     out = {"workers": workers, "slots": slots, "pool": pool, "requests": len(frame)}
@@ -133,6 +151,11 @@ def study(frame, workers, slots, pool, runs, arms):
         }
         if "brh:none" in arms and a.startswith("brh:"):
             out[a]["ratio_to_brh_none_median"] = ratio(med[a], med["brh:none"])
+        if cost[a]:
+            cpu = sum(c for c, _ in cost[a])
+            its = sum(k for _, k in cost[a])
+            out[a]["twin_cpu_s_per_1000_iterations"] = round(1000 * cpu / its, 3)
+            out[a]["twin_core_share_at_60ms"] = round(cpu / (its * ITERATION_S), 4)
     return out
 
 

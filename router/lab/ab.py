@@ -28,8 +28,16 @@ from balanceroute.predict.factory import build_estimator
 from balanceroute.predict.model_store import registered_version
 from balanceroute.predict.registry import estimator_class
 from balanceroute.router.lab.cost import CostModel
+from balanceroute.router.lab.paired import HIGHER_IS_BETTER, paired_ratio
 from balanceroute.router.lab.prefill import PrefillConfig
 from balanceroute.router.lab.runner import ReplaySpec, released_requests, replay
+from balanceroute.router.lab.twin import (
+    TwinConfig,
+    TwinGroup,
+    scheduled_weight,
+    twin_managed,
+    twin_schedule,
+)
 from balanceroute.router.policies.specs import RouterSpec
 
 TRAJECTORY_WINDOW = 1500
@@ -53,6 +61,9 @@ class ABConfig:
     cost: CostModel = field(default_factory=CostModel)
     horizon: int = DEFAULT_HORIZON
     reference: str | None = None
+    twin: TwinConfig = field(default_factory=TwinConfig)
+    window_requests: int | None = None  # repeats windows of this many requests (else fraction)
+    noise_floor: bool = False  # also replay the reference on windows shifted by one request
 
     def reference_arm(self) -> str:
         if self.reference is not None:
@@ -65,6 +76,17 @@ class ABConfig:
         return self.arms[0].label
 
 
+NOISE_FLOOR = "noise floor"  # the reference arm on windows shifted by one request
+DEFAULT_WINDOWS = 30
+MIN_WINDOW_REQUESTS = 400
+WINDOW_SLOT_MULTIPLE = 4  # a window holds this many group-fulls of requests (a steady state)
+
+
+def default_window_requests(workers: tuple[int, ...], slots: int) -> int:
+    """Requests per window: enough to fill the largest group several times over."""
+    return max(MIN_WINDOW_REQUESTS, WINDOW_SLOT_MULTIPLE * max(workers) * slots)
+
+
 @dataclass
 class Task:
     arm: RouterSpec
@@ -73,12 +95,23 @@ class Task:
     start: int
     stop: int
     keep_traces: bool
+    noise: bool = False
+    twin: tuple[float, dict[str, Any]] | None = None  # the weight a twin chose before the window
 
 
-def replay_windows(n: int, repeats: int, fraction: float) -> list[tuple[int, int]]:
-    """``repeats`` evenly spaced windows over ``n`` requests (all of them for one repeat)."""
+def replay_windows(
+    n: int, repeats: int, fraction: float, window_requests: int | None = None
+) -> list[tuple[int, int]]:
+    """``repeats`` evenly spaced windows over ``n`` requests (all of them for one repeat), each
+    ``window_requests`` long (leaving room for a shift by one) or a ``fraction`` of ``n``."""
     if repeats < 1:
         raise UserError(f"--repeats must be at least 1, got {repeats}")
+    if window_requests is not None:
+        if n < 3:
+            raise UserError(f"need at least 3 requests to replay windows, got {n}")
+        size = max(2, min(window_requests, n - 1))
+        starts = np.round(np.linspace(0, n - size - 1, repeats)).astype(int)
+        return [(int(s), int(s) + size) for s in starts]
     if repeats == 1:
         return [(0, n)]
     size = max(1, int(n * fraction))
@@ -155,11 +188,16 @@ def run_task(
     )
     released, scale = released_requests(frame, replay_spec)
     result, summary = replay(
-        frame, replay_spec, estimator=est, released=released, record_loads=task.keep_traces
+        frame,
+        replay_spec,
+        estimator=est,
+        released=released,
+        record_loads=task.keep_traces,
+        scheduled=task.twin,
     )
     summary["config"]["prefill"]["rate_scale"] = scale
     out: dict[str, Any] = {
-        "arm": arm.label,
+        "arm": NOISE_FLOOR if task.noise else arm.label,
         "workers": task.workers,
         "repeat": task.repeat,
         "summary": summary,
@@ -187,6 +225,46 @@ def run_task(
 DASK_CONNECT_TIMEOUT_S = 10
 
 
+def twin_schedules(
+    replay_frame: pd.DataFrame,
+    fitted: dict[str, CompletionEstimator],
+    cfg: ABConfig,
+    jobs: int,
+    progress=None,
+) -> dict[tuple[str, int], tuple[list, dict[str, Any]]]:
+    """For every twin-managed arm and G: the twin run over the replayed requests in arrival
+    order (each window then routes with the weight decided on the requests before it)."""
+    from joblib import Parallel, delayed
+
+    todo = []
+    for arm in cfg.arms:
+        if not twin_managed(arm.build_policy(fitted.get(arm.label))):
+            continue
+        for g in cfg.workers:
+            todo.append((arm, g))
+    if not todo:
+        return {}
+    if progress:
+        progress(f"twin: deciding blend weights on the past of every window ({len(todo)} runs)")
+
+    def one(arm: RouterSpec, g: int):
+        spec = ReplaySpec(
+            router=arm,
+            workers=g,
+            slots=cfg.slots,
+            seed=cfg.seed,
+            cost=cfg.cost,
+            prefill=PrefillConfig(saturate=cfg.saturate, rate_scale=cfg.rate_scale),
+            load=cfg.load,
+        )
+        released, _ = released_requests(replay_frame, spec)
+        group = TwinGroup(arm, g, cfg.slots, cfg.cost, cfg.seed)
+        return twin_schedule(group, copy.deepcopy(fitted.get(arm.label)), released, cfg.twin)
+
+    done = Parallel(n_jobs=jobs, verbose=0)(delayed(one)(a, g) for a, g in todo)
+    return {(a.label, g): r for (a, g), r in zip(todo, done, strict=True)}
+
+
 def run_ab(
     frame: pd.DataFrame,
     cfg: ABConfig,
@@ -199,13 +277,30 @@ def run_ab(
     from joblib import Parallel, delayed, parallel_config
 
     replay_frame, fitted, info = prepare(frame, cfg, progress)
-    windows = replay_windows(len(replay_frame), cfg.repeats, cfg.window_fraction)
+    windows = replay_windows(
+        len(replay_frame), cfg.repeats, cfg.window_fraction, cfg.window_requests
+    )
     tasks = [
         Task(arm, g, r, start, stop, keep_traces=(r == 0))
         for g in cfg.workers
         for r, (start, stop) in enumerate(windows)
         for arm in cfg.arms
     ]
+    if cfg.noise_floor:
+        ref = next(a for a in cfg.arms if a.label == cfg.reference_arm())
+        n = len(replay_frame)
+        tasks += [
+            Task(ref, g, r, start + 1, min(stop + 1, n), keep_traces=False, noise=True)
+            for g in cfg.workers
+            for r, (start, stop) in enumerate(windows)
+        ]
+    schedules = twin_schedules(replay_frame, fitted, cfg, jobs, progress)
+    for t in tasks:
+        if (t.arm.label, t.workers) in schedules:
+            t.twin = scheduled_weight(
+                schedules[(t.arm.label, t.workers)][0], t.start, cfg.twin.start_weight
+            )
+    info["twin"] = {f"{a} G={g}": st for (a, g), (_, st) in schedules.items()}
     if progress:
         progress(
             f"replaying {len(tasks)} tasks ({len(cfg.arms)} arms x {len(cfg.workers)} G x "
@@ -227,7 +322,14 @@ def run_ab(
     else:
         results = Parallel(n_jobs=jobs, verbose=0)(calls)
     info["windows"] = windows
+    info["overlap"] = overlap_of(windows, len(replay_frame))
     return {"tasks": results, "info": info}
+
+
+def overlap_of(windows: list[tuple[int, int]], n: int) -> float:
+    """How many times over the windows cover the ``n`` replayed requests (at least 1)."""
+    covered = sum(stop - start for start, stop in windows)
+    return max(1.0, covered / max(1, n))
 
 
 def bootstrap_mean_ci(
@@ -265,18 +367,41 @@ def aggregate(raw: dict[str, Any], cfg: ABConfig) -> dict[str, Any]:
     for v in by.values():
         v.sort(key=lambda t: t["repeat"])
     arms: dict[str, Any] = {}
-    for arm in cfg.arms:
+    overlap = raw["info"].get("overlap", 1.0)
+    labels = [a.label for a in cfg.arms] + ([NOISE_FLOOR] if cfg.noise_floor else [])
+    for label in labels:
         per_g = {}
         for g in cfg.workers:
-            runs = by[(arm.label, g)]
+            runs = by[(label, g)]
             refs = by[(ref, g)]
             per_g[g] = _arm_stats(runs, refs, cfg.seed)
+            if cfg.window_requests is not None:
+                per_g[g]["paired"] = paired_stats(runs, refs, overlap)
         first = per_g[cfg.workers[0]]
         entry = {**first}
         if len(cfg.workers) > 1:
             entry["by_workers"] = {str(g): per_g[g] for g in cfg.workers}
-        arms[arm.label] = entry
-    return {"arms": arms, "reference": ref}
+        arms[label] = entry
+    out: dict[str, Any] = {"arms": {k: v for k, v in arms.items() if k != NOISE_FLOOR}}
+    out["reference"] = ref
+    if NOISE_FLOOR in arms:
+        out["noise_floor"] = arms[NOISE_FLOOR]
+    return out
+
+
+def paired_stats(runs: list[dict], refs: list[dict], overlap: float) -> dict[str, Any]:
+    """Per headline metric: the paired ratio to the reference over windows (95% t-interval on
+    log ratios) and its verdict."""
+    out = {}
+    for m in METRICS:
+        if m == "router_step_us_p50":
+            continue
+        vals = np.array([_num(r["summary"].get(m)) for r in runs])
+        base = np.array([_num(r["summary"].get(m)) for r in refs])
+        pr = paired_ratio(vals, base, overlap=overlap, higher_is_better=m in HIGHER_IS_BETTER)
+        if pr is not None:
+            out[m] = pr.as_dict()
+    return out
 
 
 def _arm_stats(runs: list[dict], refs: list[dict], seed: int) -> dict[str, Any]:

@@ -35,6 +35,13 @@ from balanceroute.router.lab.prefill import (
 )
 from balanceroute.router.lab.records import write_records
 from balanceroute.router.lab.simulator import SimConfig, SimResult, simulate
+from balanceroute.router.lab.twin import (
+    ScheduledBlend,
+    TwinConfig,
+    TwinGroup,
+    attach_twin,
+    twin_managed,
+)
 from balanceroute.router.policies.policy import Policy
 from balanceroute.router.policies.specs import RouterSpec
 
@@ -136,14 +143,25 @@ def replay(
     progress: bool = False,
     record_loads: bool = True,
     wrap: Callable[[Policy], Policy] | None = None,
+    twin: TwinConfig | None = None,
+    scheduled: tuple[float, dict[str, Any]] | None = None,
 ) -> tuple[SimResult, dict[str, Any]]:
     """Replay ``frame`` under ``spec``; returns the raw result and its summary. ``wrap`` may
-    put the spec's policy inside another (one that watches the run, say)."""
+    put the spec's policy inside another (one that watches the run, say). A twin-managed BR-H
+    runs beside a live twin (``twin`` configures it), or at a weight a twin chose before the
+    run (``scheduled``: weight and that twin's statistics)."""
     if released is None:
         released, scale = released_requests(frame, spec)
     else:
         scale = spec.prefill.rate_scale
     policy = spec.router.build_policy(estimator)
+    # a remote estimator's predictions are what such a run measures: no twin (the guard)
+    if twin_managed(policy) and not isinstance(estimator, RemoteEstimator):
+        if scheduled is not None:
+            policy = ScheduledBlend(policy, *scheduled)
+        else:
+            group = TwinGroup(spec.router, spec.workers, spec.slots, spec.cost, spec.seed)
+            policy = attach_twin(policy, group, released, twin)
     if wrap is not None:
         policy = wrap(policy)
     config = SimConfig(

@@ -299,6 +299,7 @@ class DecodeSimulator:
                 done += finished
                 n_active -= finished
                 n_free += finished
+                self.policy.background(k)  # off the routing path: untimed
                 if progress is not None:
                     progress.update(finished)
             loads = [x + a for x, a in zip(loads, active, strict=True)]

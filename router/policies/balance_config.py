@@ -88,9 +88,22 @@ class BalanceRouteConfig:
     guard: bool = field(
         default=True,
         metadata={
-            "help": "do-no-harm guard: a deployable estimator's projection is used only while "
-            "its decisions, judged on what happened, beat those made without it"
+            "help": "do-no-harm guard where no twin drives the policy (the service until it "
+            "runs a twin): a deployable estimator's projection is used only while its "
+            "decisions, judged on what happened one horizon later, beat those made without it"
         },
+    )
+    twin: bool = field(
+        default=True,
+        metadata={
+            "help": "where a twin runs beside the router (simulate, ab, evaluate: "
+            "router/lab/twin.py), it chooses the blend weight w of P0 - w (P0 - P), starting "
+            "at 0, in place of the guard; twin=false;guard=false uses the estimator as it is"
+        },
+    )
+    blend: float | None = field(
+        default=None,
+        metadata={"help": "a fixed blend weight w in [0, 1] (overrides the twin and the guard)"},
     )
     guard_stride: int = field(
         default=8, metadata={"help": "iterations between the guard's scored snapshots"}
@@ -140,6 +153,10 @@ class BalanceRouteConfig:
                 self.max_wait_iters is None or self.max_wait_iters >= 1,
                 f"max_wait_iters must be >= 1, got {self.max_wait_iters}",
             ),
+            (
+                self.blend is None or 0.0 <= self.blend <= 1.0,
+                f"blend must be in [0, 1], got {self.blend}",
+            ),
             (self.guard_stride >= 1, f"guard_stride must be >= 1, got {self.guard_stride}"),
             (self.guard_memory >= 1, f"guard_memory must be >= 1, got {self.guard_memory}"),
         ]
@@ -163,7 +180,7 @@ BR0_DEFAULTS = BalanceRouteConfig(
 )
 BRH_DEFAULTS = BalanceRouteConfig()
 # The paper's BR-H as published: (beta, gamma) = (14.67, 0.64), H = 80, predictions refreshed
-# every H iterations, stage 2 once free slots are few, no fairness cap, no do-no-harm guard.
+# every H iterations, stage 2 once free slots are few, no fairness cap, no do-no-harm guard, no twin.
 PAPER_BRH = BalanceRouteConfig(
     horizon=DEFAULT_HORIZON,
     beta=14.67,
@@ -175,4 +192,5 @@ PAPER_BRH = BalanceRouteConfig(
     max_overtake=None,
     projection="cutoff",
     guard=False,
+    twin=False,
 )

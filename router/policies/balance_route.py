@@ -155,11 +155,28 @@ class BalanceRoutePolicy(Policy):
         self.refreshes = 0
         self.refill_prompt: float | None = None
         self.guard = None
-        if cfg.guard and cfg.horizon > 0 and guard_applies(self.estimator):
+        # the blend weight w of P0 - w (P0 - P): fixed, or set by a twin (router/lab/twin.py)
+        # that then also stands in for the guard; None: the estimator's P (or the guard's)
+        self.blend: float | None = None
+        if cfg.horizon > 0 and cfg.blend is not None:
+            self.blend = float(cfg.blend)
+        if cfg.blend is None and cfg.guard and cfg.horizon > 0 and guard_applies(self.estimator):
             self.guard = ProjectionGuard(
                 g, cfg.horizon, g * ctx.slots, stride=cfg.guard_stride, memory=cfg.guard_memory
             )
             self.worker_of: dict[int, int] = {}  # running requests' workers, for the guard
+
+    @property
+    def twin_managed(self) -> bool:
+        """Whether a twin, where one runs, chooses this policy's blend weight: BR-H with a
+        deployable estimator, the twin on and no fixed blend."""
+        cfg = self.config
+        return cfg.twin and cfg.blend is None and cfg.horizon > 0 and guard_applies(self.estimator)
+
+    def set_blend(self, weight: float) -> None:
+        """A twin's weight: used from the next routing step on, in place of the guard."""
+        self.guard = None
+        self.blend = float(weight)
 
     def share_guard(self, guard: ProjectionGuard) -> bool:
         """Use ``guard`` (kept by the caller across decisions) instead of a guard of this run's
@@ -250,6 +267,8 @@ class BalanceRoutePolicy(Policy):
         cfg = self.config
         if cfg.horizon == 0:
             return state.loads[:, None].copy()
+        if self.blend is not None:
+            return self._blended(state, waiting, self.blend)
         k = state.iteration
         guard = self.guard
         if guard is not None:
@@ -269,6 +288,24 @@ class BalanceRoutePolicy(Policy):
             return loads
         self.views = (none, loads)
         return guard.use(none, loads)
+
+    def _blended(self, state: RouterState, waiting: np.ndarray, w: float) -> np.ndarray:
+        """``P0 - w (P0 - P)``: the estimator's projection shrunk toward the prediction-free
+        one (``w = 0`` asks the estimator nothing)."""
+        none = state.loads[:, None] + state.active[:, None].astype(np.float64) * self.hs
+        if w == 0.0:
+            self._refill(waiting)
+            return none
+        if self.cache is not None:
+            loads = self._incremental(state, waiting)
+        else:
+            proj, k = self.projection, state.iteration
+            if proj.k0 is None or k - proj.k0 >= self.config.refresh or k < proj.k0:
+                self._refresh(state, waiting)
+            loads = proj.view(k, state.loads)
+        if w == 1.0:
+            return loads
+        return none - w * (none - loads)
 
     def _refill(self, waiting: np.ndarray) -> float | None:
         """The typical waiting prompt a freed slot is projected to be refilled with."""

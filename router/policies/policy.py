@@ -48,6 +48,10 @@ class Policy:
     ) -> None:
         """Requests that left at the start of ``iteration``; their output lengths are now known."""
 
+    def background(self, iteration: int) -> None:
+        """Work off the routing path (a twin's replays), after completions; not timed as a
+        routing step."""
+
     def run_stats(self) -> dict[str, Any]:
         """Counters of the run so far, merged into its summary (none by default)."""
         return {}

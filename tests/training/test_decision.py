@@ -123,9 +123,22 @@ def test_recommendation_picks_the_best_beats_none_by_a_margin_and_skips_nan():
     assert recommend(m, "replay_ratio").line().startswith("recommendation: survival (by ")
 
 
+def test_the_twin_ratio_decides_first_and_none_wins_when_the_twin_keeps_no_prediction():
+    m = {
+        REFERENCE: {"twin_ratio": 1.0, "replay_ratio": 1.0},
+        "survival": {"twin_ratio": 1.0, "replay_ratio": 0.8},
+        "gbdt": {"twin_ratio": 1.0, "replay_ratio": 1.1},
+    }
+    assert recommend(m).score == RANKING_SCORES[0] == "twin_ratio"
+    assert recommend(m).pick == REFERENCE  # the twin found nobody significantly better
+    m["gbdt"]["twin_ratio"] = 0.9
+    assert recommend(m).pick == "gbdt"
+
+
 def test_replay_ratio_routes_unguarded_unless_asked():
     # the guard would stand aside on short replays and make every ratio 1
     assert ReplayScoreConfig().spec(20).router.options["guard"] is False
+    assert ReplayScoreConfig().spec(20).router.options["twin"] is False  # the estimator itself
     assert ReplayScoreConfig(guard=True).spec(20).router.options["guard"] is True
 
 
@@ -135,7 +148,8 @@ def test_recommendation_by_default_falls_back_when_the_replay_ratio_is_unmeasure
         "survival": {"replay_ratio": 0.9, "proj_error_margin": 0.031},
         "gbdt": {"replay_ratio": 1.1, "proj_error_margin": 0.020},
     }
-    assert recommend(m).pick == "survival" and recommend(m).score == RANKING_SCORES[0]
+    # no twin ratio measured (evaluate without the twin): the replay ratio decides
+    assert recommend(m).pick == "survival" and recommend(m).score == RANKING_SCORES[1]
     for k in m:  # no steady state in the replays: no replay ratio for anyone
         m[k]["replay_ratio"] = math.nan
     rec = recommend(m)
@@ -143,3 +157,32 @@ def test_recommendation_by_default_falls_back_when_the_replay_ratio_is_unmeasure
     for k in m:
         m[k]["proj_error_margin"] = math.nan
     assert recommend(m).pick == REFERENCE
+
+
+def test_twin_scores_are_the_twins_verdict_on_the_holdout(monkeypatch):
+    """Every estimator gets the twin's ratio, weight and bound; ``none`` and references are
+    1 and 0; a weight above 0 comes with a ratio below 1 (the twin only moves on a gain)."""
+    from balanceroute.router.lab import twin as twin_module
+    from balanceroute.training.replay_scores import twin_scores
+
+    monkeypatch.setattr(twin_module, "BLOCK_SLOT_MULTIPLE", 4)  # blocks of 4 G B = 64 requests
+    trace = generate("mooncake-conv", 1600, seed=2)
+    holdout = make_holdout(trace)
+    ests = {
+        "oracle": make_estimator("oracle", horizon=H).fit(holdout.test),
+        "survival": make_estimator("survival", horizon=H).fit(holdout.train),
+        REFERENCE: make_estimator("none", horizon=H).fit(),
+    }
+    out = twin_scores(ests, holdout.test, H, ReplayScoreConfig(workers=2, slots=8))
+    assert (
+        out[REFERENCE]
+        == out["oracle"]
+        == {"twin_ratio": 1.0, "twin_weight": 0.0, "twin_upper": 1.0}
+    )
+    s = out["survival"]
+    assert set(s) == {"twin_ratio", "twin_weight", "twin_upper"}
+    assert s["twin_weight"] in (0.0, 0.5, 1.0)
+    if s["twin_weight"] > 0:
+        assert s["twin_ratio"] < 1.0 and s["twin_upper"] < 1.0
+    else:
+        assert s["twin_ratio"] == 1.0

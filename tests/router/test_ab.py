@@ -20,6 +20,7 @@ def ab_run(tmp_path_factory):
     db = out / "mlflow.db"
     mp = pytest.MonkeyPatch()
     mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
+    mp.chdir(out)  # a SQLite store keeps its artifacts under ./mlruns: here, not in the checkout
     code = balanceroute_main(
         [
             "ab",
@@ -44,6 +45,11 @@ def ab_run(tmp_path_factory):
     )
     yield code, out, db
     mp.undo()
+
+
+def test_the_run_leaves_its_artifacts_beside_its_store(ab_run):
+    _, out, _ = ab_run
+    assert list((out / "mlruns").rglob("summary.json")), "the MLflow artifacts were not logged"
 
 
 def test_every_arm_is_reported(ab_run):

@@ -10,7 +10,6 @@ import httpx
 
 from balanceroute.serving.testbed.emulator.metrics import metric_total, parse_metrics
 from balanceroute.serving.testbed.harness import ServerProcess, clean_env, free_port
-from tests.serving.testbed.helpers import REPO
 
 CLI = [sys.executable, "-c", "import sys; from balanceroute.cli import main; sys.exit(main())"]
 
@@ -26,7 +25,8 @@ class GatewayProcess:
             argv += ["--rank", r]
         argv += list(args)
         self.out_path = log
-        self.process = ServerProcess(argv, log=log, env=clean_env(env), cwd=REPO)
+        # in the test's folder: a SQLite MLflow store keeps its artifacts under ./mlruns
+        self.process = ServerProcess(argv, log=log, env=clean_env(env), cwd=log.parent)
         self.proc = self.process.proc
         self.wait_ready()
 

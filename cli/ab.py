@@ -17,7 +17,12 @@ from balanceroute.cli.options import (
 )
 from balanceroute.features.files import output_folder
 from balanceroute.features.workload import load_workload
-from balanceroute.router.lab.ab import ABConfig, progress_printer
+from balanceroute.router.lab.ab import (
+    DEFAULT_WINDOWS,
+    ABConfig,
+    default_window_requests,
+    progress_printer,
+)
 from balanceroute.router.policies.specs import parse_arms
 from balanceroute.training.experiments import EXPERIMENT, run_ab_experiment
 
@@ -56,13 +61,31 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--workers", type=worker_counts, default=(8,), help="G, or several: 4,8,16")
     p.add_argument(
-        "--repeats", type=bounded_int(1, 1000), default=5, help="windows of the replayed trace"
+        "--windows",
+        type=bounded_int(2, 1000),
+        help=f"paired windows of --window-requests requests (default {DEFAULT_WINDOWS}, unless "
+        "--repeats is given)",
+    )
+    p.add_argument(
+        "--window-requests",
+        type=bounded_int(2, 10_000_000),
+        help="requests per window (default: 4 G B, at least 400)",
+    )
+    p.add_argument(
+        "--no-noise-floor",
+        action="store_true",
+        help="do not replay the reference on windows shifted by one request",
+    )
+    p.add_argument(
+        "--repeats",
+        type=bounded_int(1, 1000),
+        help="the older scheme: this many windows of --window-fraction of the replayed trace",
     )
     p.add_argument(
         "--window-fraction",
         type=fraction,
         default=0.5,
-        help="share of the replayed part each repeat covers (when repeats > 1)",
+        help="share of the replayed part each repeat covers (with --repeats > 1)",
     )
     p.add_argument(
         "--train-fraction",
@@ -82,11 +105,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_ab(args: argparse.Namespace) -> int:
     """Run the experiment, print the headline table and where everything went."""
     started = time.perf_counter()
+    windowed = args.repeats is None or args.windows is not None or args.window_requests
+    repeats = args.windows or args.repeats or DEFAULT_WINDOWS
+    window_requests = None
+    if windowed:
+        window_requests = args.window_requests or default_window_requests(args.workers, args.slots)
     cfg = ABConfig(
         arms=tuple(parse_arms(args.arms)),
         workers=args.workers,
         slots=args.slots,
-        repeats=args.repeats,
+        repeats=repeats,
+        window_requests=window_requests,
+        noise_floor=bool(windowed) and not args.no_noise_floor,
         window_fraction=args.window_fraction,
         train_fraction=args.train_fraction,
         seed=args.seed,

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from balanceroute.features.files import write_text
+from balanceroute.router.lab.paired import HIGHER_IS_BETTER, paired_ratio
 
 METRICS = (
     ("steady_mean_imbalance", "I steady"),
@@ -49,6 +50,56 @@ def paired(summary: dict, arm: str, ref: str, metric: str) -> list[float]:
 def median_ratio(summary: dict, arm: str, ref: str, metric: str) -> float | None:
     r = paired(summary, arm, ref, metric)
     return statistics.median(r) if r else None
+
+
+def interval(summary: dict, arm: str, ref: str, metric: str) -> dict[str, Any] | None:
+    """Paired ratio of ``arm`` to ``ref`` over the run's windows: geometric mean, 95%
+    t-interval on log ratios (widened by the windows' overlap) and verdict. ``arm`` may be
+    ``noise floor`` (the reference on windows shifted by one request, when the run has it)."""
+    if arm == "noise floor":
+        if "noise_floor" not in summary or ref != summary["reference"]:
+            return None
+        a = summary["noise_floor"]["repeats"]
+    elif arm in summary["arms"]:
+        a = repeats_at(summary, arm)
+    else:
+        return None
+    b = repeats_at(summary, ref)
+    pr = paired_ratio(
+        [x[metric] if x[metric] is not None else float("nan") for x in a],
+        [y[metric] if y[metric] is not None else float("nan") for y in b],
+        overlap=summary["config"].get("window_overlap", 1.0),
+        higher_is_better=metric in HIGHER_IS_BETTER,
+    )
+    return None if pr is None else pr.as_dict()
+
+
+def interval_cell(p: dict[str, Any] | None) -> str:
+    """``ratio [low, high]`` and a verdict mark (+ better, - worse, ~ no difference detected)."""
+    if p is None:
+        return "n/a"
+    mark = {"better": "+", "worse": "-"}.get(p["verdict"], "~")
+    return f"{p['ratio']:.3f} [{p['low']:.3f}, {p['high']:.3f}] {mark}"
+
+
+def interval_table(summaries: dict[str, dict], ref: str, metric: str) -> str:
+    """Runs as rows, arms as columns: paired ratio to ``ref`` [95% interval] and verdict, with
+    the noise floor (the same router on windows shifted by one request) in the last column."""
+    arms: list[str] = []
+    for s in summaries.values():
+        arms += [a for a in s["config"]["arms"] if a != ref and a not in arms]
+    cols = [*arms, "noise floor"]
+    rows = [
+        "| run (windows) | " + " | ".join(f"`{a}`" if a in arms else a for a in cols) + " |",
+        "|---" * (len(cols) + 1) + "|",
+    ]
+    for name, s in summaries.items():
+        if ref not in s["arms"]:
+            continue
+        n = len(s["config"]["windows"])
+        cells = [interval_cell(interval(s, a, ref, metric)) for a in cols]
+        rows.append(f"| {label(s, name)} ({n}) | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
 
 
 def label(summary: dict, name: str) -> str:
@@ -272,6 +323,14 @@ def main() -> None:
     ap.add_argument("--suffix", default="", help="--value: estimator arms are brh:<kind><suffix>")
     ap.add_argument("--scaling", action="store_true", help="print ratios at every G")
     ap.add_argument(
+        "--intervals",
+        nargs="?",
+        const="steady_mean_imbalance",
+        metavar="METRIC",
+        help="print paired ratios to --reference with 95%% intervals and verdicts (default "
+        "metric: steady_mean_imbalance), with the noise floor",
+    )
+    ap.add_argument(
         "--headline",
         nargs="*",
         metavar="WORKLOAD",
@@ -292,6 +351,9 @@ def main() -> None:
             if len(s["config"]["workers"]) > 1:
                 print(f"**{label(s, name).split(':')[0]}** (B = {s['config']['slots']})\n")
                 print(scaling_table(s, args.reference) + "\n")
+        return
+    if args.intervals:
+        print(interval_table(summaries, args.reference, args.intervals) + "\n")
         return
     if args.value:
         print(value_table(summaries, args.suffix) + "\n")

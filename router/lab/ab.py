@@ -27,6 +27,7 @@ from balanceroute.predict.factory import build_estimator
 from balanceroute.predict.model_store import registered_version
 from balanceroute.predict.registry import estimator_class
 from balanceroute.router.lab.cost import CostModel
+from balanceroute.router.lab.paired import HIGHER_IS_BETTER, paired_ratio
 from balanceroute.router.lab.prefill import PrefillConfig
 from balanceroute.router.lab.runner import ReplaySpec, released_requests, replay
 from balanceroute.router.policies.specs import RouterSpec
@@ -52,6 +53,8 @@ class ABConfig:
     cost: CostModel = field(default_factory=CostModel)
     horizon: int = 80
     reference: str | None = None
+    window_requests: int | None = None  # repeats windows of this many requests (else fraction)
+    noise_floor: bool = False  # also replay the reference on windows shifted by one request
 
     def reference_arm(self) -> str:
         if self.reference is not None:
@@ -64,6 +67,17 @@ class ABConfig:
         return self.arms[0].label
 
 
+NOISE_FLOOR = "noise floor"  # the reference arm on windows shifted by one request
+DEFAULT_WINDOWS = 30
+MIN_WINDOW_REQUESTS = 400
+WINDOW_SLOT_MULTIPLE = 4  # a window holds this many group-fulls of requests (a steady state)
+
+
+def default_window_requests(workers: tuple[int, ...], slots: int) -> int:
+    """Requests per window: enough to fill the largest group several times over."""
+    return max(MIN_WINDOW_REQUESTS, WINDOW_SLOT_MULTIPLE * max(workers) * slots)
+
+
 @dataclass
 class Task:
     arm: RouterSpec
@@ -72,12 +86,22 @@ class Task:
     start: int
     stop: int
     keep_traces: bool
+    noise: bool = False
 
 
-def replay_windows(n: int, repeats: int, fraction: float) -> list[tuple[int, int]]:
-    """``repeats`` evenly spaced windows over ``n`` requests (all of them for one repeat)."""
+def replay_windows(
+    n: int, repeats: int, fraction: float, window_requests: int | None = None
+) -> list[tuple[int, int]]:
+    """``repeats`` evenly spaced windows over ``n`` requests (all of them for one repeat), each
+    ``window_requests`` long (leaving room for a shift by one) or a ``fraction`` of ``n``."""
     if repeats < 1:
         raise UserError(f"--repeats must be at least 1, got {repeats}")
+    if window_requests is not None:
+        if n < 3:
+            raise UserError(f"need at least 3 requests to replay windows, got {n}")
+        size = max(2, min(window_requests, n - 1))
+        starts = np.round(np.linspace(0, n - size - 1, repeats)).astype(int)
+        return [(int(s), int(s) + size) for s in starts]
     if repeats == 1:
         return [(0, n)]
     size = max(1, int(n * fraction))
@@ -158,7 +182,7 @@ def run_task(
     )
     summary["config"]["prefill"]["rate_scale"] = scale
     out: dict[str, Any] = {
-        "arm": arm.label,
+        "arm": NOISE_FLOOR if task.noise else arm.label,
         "workers": task.workers,
         "repeat": task.repeat,
         "summary": summary,
@@ -198,13 +222,23 @@ def run_ab(
     from joblib import Parallel, delayed, parallel_config
 
     replay_frame, fitted, info = prepare(frame, cfg, progress)
-    windows = replay_windows(len(replay_frame), cfg.repeats, cfg.window_fraction)
+    windows = replay_windows(
+        len(replay_frame), cfg.repeats, cfg.window_fraction, cfg.window_requests
+    )
     tasks = [
         Task(arm, g, r, start, stop, keep_traces=(r == 0))
         for g in cfg.workers
         for r, (start, stop) in enumerate(windows)
         for arm in cfg.arms
     ]
+    if cfg.noise_floor:
+        ref = next(a for a in cfg.arms if a.label == cfg.reference_arm())
+        n = len(replay_frame)
+        tasks += [
+            Task(ref, g, r, start + 1, min(stop + 1, n), keep_traces=False, noise=True)
+            for g in cfg.workers
+            for r, (start, stop) in enumerate(windows)
+        ]
     if progress:
         progress(
             f"replaying {len(tasks)} tasks ({len(cfg.arms)} arms x {len(cfg.workers)} G x "
@@ -226,7 +260,14 @@ def run_ab(
     else:
         results = Parallel(n_jobs=jobs, verbose=0)(calls)
     info["windows"] = windows
+    info["overlap"] = overlap_of(windows, len(replay_frame))
     return {"tasks": results, "info": info}
+
+
+def overlap_of(windows: list[tuple[int, int]], n: int) -> float:
+    """How many times over the windows cover the ``n`` replayed requests (at least 1)."""
+    covered = sum(stop - start for start, stop in windows)
+    return max(1.0, covered / max(1, n))
 
 
 def bootstrap_mean_ci(
@@ -264,18 +305,41 @@ def aggregate(raw: dict[str, Any], cfg: ABConfig) -> dict[str, Any]:
     for v in by.values():
         v.sort(key=lambda t: t["repeat"])
     arms: dict[str, Any] = {}
-    for arm in cfg.arms:
+    overlap = raw["info"].get("overlap", 1.0)
+    labels = [a.label for a in cfg.arms] + ([NOISE_FLOOR] if cfg.noise_floor else [])
+    for label in labels:
         per_g = {}
         for g in cfg.workers:
-            runs = by[(arm.label, g)]
+            runs = by[(label, g)]
             refs = by[(ref, g)]
             per_g[g] = _arm_stats(runs, refs, cfg.seed)
+            if cfg.window_requests is not None:
+                per_g[g]["paired"] = paired_stats(runs, refs, overlap)
         first = per_g[cfg.workers[0]]
         entry = {**first}
         if len(cfg.workers) > 1:
             entry["by_workers"] = {str(g): per_g[g] for g in cfg.workers}
-        arms[arm.label] = entry
-    return {"arms": arms, "reference": ref}
+        arms[label] = entry
+    out: dict[str, Any] = {"arms": {k: v for k, v in arms.items() if k != NOISE_FLOOR}}
+    out["reference"] = ref
+    if NOISE_FLOOR in arms:
+        out["noise_floor"] = arms[NOISE_FLOOR]
+    return out
+
+
+def paired_stats(runs: list[dict], refs: list[dict], overlap: float) -> dict[str, Any]:
+    """Per headline metric: the paired ratio to the reference over windows (95% t-interval on
+    log ratios) and its verdict."""
+    out = {}
+    for m in METRICS:
+        if m == "router_step_us_p50":
+            continue
+        vals = np.array([_num(r["summary"].get(m)) for r in runs])
+        base = np.array([_num(r["summary"].get(m)) for r in refs])
+        pr = paired_ratio(vals, base, overlap=overlap, higher_is_better=m in HIGHER_IS_BETTER)
+        if pr is not None:
+            out[m] = pr.as_dict()
+    return out
 
 
 def _arm_stats(runs: list[dict], refs: list[dict], seed: int) -> dict[str, Any]:

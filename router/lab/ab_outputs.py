@@ -27,7 +27,10 @@ class ABResults:
     def headline_table(self) -> str:
         """The per-arm table at the headline G (the shape of the paper's Table 3)."""
         cfg = self.summary["config"]
-        return report.table3(self.summary["arms"], cfg["arms"])
+        table = report.table3(self.summary["arms"], cfg["arms"])
+        if cfg.get("window_requests") is None:
+            return table
+        return table + "\n\n" + report.paired_table(self.summary)
 
 
 def describe_workload(source: dict[str, Any]) -> str:
@@ -69,6 +72,11 @@ def write_ab_results(
             for k, v in agg["arms"].items()
         },
         "reference": ref,
+        **(
+            {"noise_floor": report.at(agg["noise_floor"], g0, workers)}
+            if "noise_floor" in agg
+            else {}
+        ),
         "config": {
             "arms": order,
             "workers": workers,
@@ -86,7 +94,16 @@ def write_ab_results(
             "workload": source,
             "workload_text": describe_workload(source),
             "plots": [p.name for p in made],
-            "estimators": {k: v for k, v in raw["info"].items() if k != "windows"},
+            "estimators": {k: v for k, v in raw["info"].items() if k not in ("windows", "overlap")},
+            **(
+                {
+                    "window_requests": cfg.window_requests,
+                    "window_overlap": raw["info"]["overlap"],
+                    "noise_floor": cfg.noise_floor,
+                }
+                if cfg.window_requests is not None
+                else {}
+            ),
             **(run or {}),
         },
     }

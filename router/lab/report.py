@@ -50,6 +50,49 @@ def table3(arms: dict[str, Any], order: list[str]) -> str:
     return "\n".join(rows)
 
 
+PAIRED_COLUMNS = (
+    ("steady_mean_imbalance", "Mean I (steady)"),
+    ("mean_imbalance", "Mean I (all)"),
+    ("tpot_p95_ms", "TPOT P95"),
+    ("throughput_tok_s", "Tput"),
+    ("queue_delay_p99_s", "Queue p99"),
+)
+
+
+def paired_cell(p: dict[str, Any] | None) -> str:
+    """``ratio [low, high] verdict`` of one paired ratio."""
+    if p is None:
+        return "n/a"
+    mark = {"better": " better", "worse": " worse"}.get(p["verdict"], " ~")
+    return f"{p['ratio']:.3f} [{p['low']:.3f}, {p['high']:.3f}]{mark}"
+
+
+def paired_table(summary: dict[str, Any]) -> str:
+    """One row per arm (and the noise floor): the paired ratio to the reference over windows,
+    its 95% interval and verdict (better, worse, ~ = no difference detected)."""
+    arms, ref = summary["arms"], summary["reference"]
+    order = summary["config"]["arms"]
+    n = len(summary["config"]["windows"])
+    head = "| Arm | " + " | ".join(title for _, title in PAIRED_COLUMNS) + " |"
+    rows = [
+        f"Paired ratio to `{ref}` over {n} windows: geometric mean [95% t-interval on log "
+        "ratios]; better / worse / ~ (no difference detected).",
+        "",
+        head,
+        "|---" * (len(PAIRED_COLUMNS) + 1) + "|",
+    ]
+    entries = [(f"`{a}`", arms[a]) for a in order]
+    if "noise_floor" in summary:
+        entries.append(
+            (f"noise floor (`{ref}`, windows shifted by one request)", summary["noise_floor"])
+        )
+    for name, st in entries:
+        paired = st.get("paired", {})
+        cells = [paired_cell(paired.get(key)) for key, _ in PAIRED_COLUMNS]
+        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def table4(arms: dict[str, Any], order: list[str], workers: list[int]) -> str:
     """Arm x G: steady mean imbalance (ratio) / TPOT P95 / throughput."""
     head = "| Arm | " + " | ".join(f"G = {g}" for g in workers) + " |"
@@ -163,6 +206,11 @@ def render(summary: dict[str, Any]) -> str:
         "",
         table3({k: at(v, g0, workers) for k, v in arms.items()}, order),
         "",
+        *(
+            ["## Paired ratios over windows", "", paired_table(summary), ""]
+            if cfg.get("window_requests") is not None
+            else []
+        ),
         "Steady state = iterations with requests still waiting after admission; the whole-run "
         "mean includes the ramp-up and the final drain.",
         "",

@@ -3,6 +3,9 @@
 - a binary classifier for ``1{r <= H}`` and a regressor for ``r`` on finishing rows, both trained
   on :func:`balanceroute.features.causal.training_rows` snapshots with :func:`balanceroute.features.causal.snapshot_features`
   (which include the empirical survival and exactmatch answers at the snapshot's age, stacked);
+  the rows weigh every request alike (``weighting = request``, the default) or each by its
+  running time (``time-at-risk``: as a router meets it; docs/design.md, "What an estimator is
+  judged on");
 - at predict time the same features come from :class:`balanceroute.features.causal.OnlineHistory`, which
   ``observe()`` keeps up to date within a bounded window (train/serve parity is tested);
 - probabilities are calibrated on the latest ``calib_fraction`` of training requests (held out of

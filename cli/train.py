@@ -8,6 +8,7 @@ import json
 from balanceroute.cli.options import add_workload_args, horizon_count, workload_from_args
 from balanceroute.features.constants import DEFAULT_HORIZON
 from balanceroute.features.keys import AUTO_KEY, KEY_SOURCES
+from balanceroute.predict.learned import WEIGHTINGS
 from balanceroute.predict.model_store import DEFAULT_MODEL_NAME
 from balanceroute.training.tracking import DEFAULT_ESTIMATORS, DEFAULT_EXPERIMENT
 from balanceroute.training.train import TrainConfig, run_train
@@ -42,6 +43,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=DEFAULT_ESTIMATORS,
         help="comma-separated estimator kinds (default survival,exactmatch,gbdt)",
     )
+    p.add_argument(
+        "--weighting",
+        choices=WEIGHTINGS,
+        help="training rows of gbdt and hazard weighted by time at risk (each request by its "
+        "running time, as a router meets it) or per request (default: each estimator's own)",
+    )
     p.add_argument("--experiment", default=DEFAULT_EXPERIMENT, help="MLflow experiment")
     p.add_argument(
         "--register-as", default=DEFAULT_MODEL_NAME, help="registered model receiving the versions"
@@ -67,6 +74,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         register_as=args.register_as,
         out=args.out,
         promote=args.promote,
+        weighting=args.weighting,
     )
     summary = run_train(cfg)
     brief = {k: summary[k] for k in ("run_name", "local_dir", "registry", "metrics")}

@@ -3,6 +3,9 @@
 - a binary classifier for ``1{r <= H}`` and a regressor for ``r`` on finishing rows, both trained
   on :func:`balanceroute.features.causal.training_rows` snapshots with :func:`balanceroute.features.causal.snapshot_features`
   (which include the empirical survival and exactmatch answers at the snapshot's age, stacked);
+  the rows weigh every request alike (``weighting = request``, the default) or each by its
+  running time (``time-at-risk``: as a router meets it; docs/design.md, "What an estimator is
+  judged on");
 - at predict time the same features come from :class:`balanceroute.features.causal.OnlineHistory`, which
   ``observe()`` keeps up to date within a bounded window (train/serve parity is tested);
 - probabilities are calibrated on the latest ``calib_fraction`` of training requests (held out of
@@ -62,7 +65,7 @@ from balanceroute.predict.calibration import (
 from balanceroute.predict.curves import shaped_curves, within_horizon_curves
 from balanceroute.predict.empirical import marginal_terms
 from balanceroute.predict.forest import Forest
-from balanceroute.predict.learned import LearnedEstimator, LearnedParams
+from balanceroute.predict.learned import LearnedEstimator, LearnedParams, check_weighting
 
 if TYPE_CHECKING:
     import lightgbm as lgb
@@ -84,8 +87,16 @@ class GBDTParams(LearnedParams):
     max_rows: int = field(default=1_000_000, metadata={"help": "training rows at most"})
     calibration: str = field(default="platt", metadata={"help": "isotonic | platt | none"})
     curve: str = field(default="marginal", metadata={"help": "geometric | marginal | key"})
+    weighting: str = field(
+        default="request",
+        metadata={
+            "help": "training and recalibration rows weighted by each request's running time "
+            "(time-at-risk: as a router meets it) or every request alike (request)"
+        },
+    )
 
     def __post_init__(self) -> None:
+        check_weighting(self.weighting)
         if self.curve not in CURVES:
             raise UserError(f"unknown curve '{self.curve}'; known: {', '.join(CURVES)}")
         if self.calibration not in CALIBRATIONS:
@@ -101,8 +112,10 @@ class GBDTEstimator(LearnedEstimator):
     Params = GBDTParams
 
     def upgrade_state(self, state: dict[str, Any]) -> dict[str, Any]:
-        """Models saved before ``curve`` existed spread ``p`` as a geometric."""
+        """Models saved before ``curve`` existed spread ``p`` as a geometric; those saved before
+        ``weighting`` weighted requests alike."""
         state.setdefault("curve", "geometric")
+        state.setdefault("weighting", "request")
         return state
 
     def check_fitted(self) -> None:
@@ -144,6 +157,7 @@ class GBDTEstimator(LearnedEstimator):
             per_request=self.per_request,
             max_rows=self.max_rows,
             seed=self.seed,
+            at_risk=self.time_at_risk,
         )
         x = trace_snapshot_features(arrays, req, age, cfg)
         r = arrays.output_tokens[req] - age
@@ -227,7 +241,7 @@ class GBDTEstimator(LearnedEstimator):
         x = self.history_.features(snap.now, snap.prompt_tokens, snap.age, snap.prompt_key)
         z = logit(sigmoid(self.forests_[0].raw(x)))
         y = (snap.remaining <= self.horizon).astype(np.float64)
-        self.recalibrator_.add(z, y)
+        self.recalibrator_.add(z, y, self.length_weights(snap.age + snap.remaining))
 
     def features(self, batch: RunningBatch) -> np.ndarray:
         """The causal feature matrix the boosters see for a batch."""

@@ -8,7 +8,7 @@ One LightGBM classifier of the chance to finish in each age bin given survival t
   BR-H's discounted projection weighs the next few iterations most;
 - training rows are person-period rows (:func:`balanceroute.features.causal.person_period_rows`)
   of :func:`balanceroute.features.causal.training_rows` snapshots, weighted by time at risk
-  (``at_risk``: as a router meets running requests): one row per bin a snapshot is at risk in,
+  (``weighting``: as a router meets running requests): one row per bin a snapshot is at risk in,
   labelled 1 in the bin where it finished, a ``survivor_fraction`` of the non-event rows kept
   and reweighted; each row holds the snapshot's causal features
   (:func:`balanceroute.features.causal.trace_snapshot_features`) but those of the latest few
@@ -31,7 +31,7 @@ One LightGBM classifier of the chance to finish in each age bin given survival t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 
@@ -63,7 +63,7 @@ from balanceroute.predict.calibration import (
 )
 from balanceroute.predict.curves import hazard_curves
 from balanceroute.predict.forest import Forest
-from balanceroute.predict.learned import LearnedEstimator, LearnedParams
+from balanceroute.predict.learned import LearnedEstimator, LearnedParams, check_weighting
 
 if TYPE_CHECKING:
     import lightgbm as lgb
@@ -87,10 +87,6 @@ class HazardParams(LearnedParams):
     survivor_fraction: float = field(
         default=0.5, metadata={"help": "share of non-event person-period rows kept (reweighted)"}
     )
-    at_risk: bool = field(
-        default=True,
-        metadata={"help": "weigh training snapshots by time at risk (as a router meets them)"},
-    )
     key_sources: tuple[str, ...] = field(
         default=("exact-length", "hash"), metadata={"help": "prompt keys of the per-key features"}
     )
@@ -106,6 +102,7 @@ class HazardParams(LearnedParams):
     )
 
     def __post_init__(self) -> None:
+        check_weighting(self.weighting)
         if self.bins < 1:
             raise UserError(f"hazard: bins must be at least 1, got {self.bins}")
         if not 0.0 < self.survivor_fraction <= 1.0:
@@ -119,6 +116,12 @@ class HazardEstimator(LearnedEstimator):
 
     name = "hazard"
     Params = HazardParams
+
+    def upgrade_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Models saved before ``weighting`` said ``at_risk``."""
+        if "weighting" not in state:
+            state["weighting"] = "time-at-risk" if state.pop("at_risk", True) else "request"
+        return state
 
     def fit(self, history: pd.DataFrame) -> Self:
         import lightgbm as lgb
@@ -143,7 +146,7 @@ class HazardEstimator(LearnedEstimator):
             per_request=self.per_request,
             max_rows=self.max_snapshots,
             seed=self.seed,
-            at_risk=self.at_risk,
+            at_risk=self.time_at_risk,
         )
         x = trace_snapshot_features(arrays, req, age, cfg)
         periods = trace_period_features(arrays, req, age, cfg, ends)
@@ -177,7 +180,6 @@ class HazardEstimator(LearnedEstimator):
         self.n_rows_ = int(snap.size)
         self.ends_ = ends
         self.columns_ = columns
-        self.mean_output_ = float(arrays.output_tokens.mean())
         self.start_history(arrays, cfg)
         self.fitted_ = True
         return self
@@ -244,12 +246,12 @@ class HazardEstimator(LearnedEstimator):
 
     def _recalibrate(self, completions: CompletedBatch) -> None:
         """Person-period rows of finished requests at random ages (hazard score, finished in
-        the bin) for the online recalibrator, weighted by time at risk with ``at_risk``."""
+        the bin) for the online recalibrator, weighted by time at risk by default."""
         snap = recalibration_snapshots(completions, self.rng_, self.recal_window, self.recal_ages)
         rows, bins, y, _ = person_period_rows(snap.remaining, self.ends_)
         scores = self._score(snap.now, snap.prompt_tokens, snap.age, snap.prompt_key)
         raw = scores[rows * self.ends_.size + bins]
         # ages are uniform within each request's life: weighing a request by its length
         # makes the pairs a sample of the running requests a router meets
-        w = (snap.age + snap.remaining)[rows] / self.mean_output_ if self.at_risk else None
+        w = self.length_weights((snap.age + snap.remaining)[rows])
         self.recalibrator_.add(raw, y, w)

@@ -10,8 +10,13 @@ from typing import Any
 import numpy as np
 
 from balanceroute.features.causal import CausalConfig, OnlineHistory
+from balanceroute.features.errors import UserError
 from balanceroute.features.schema import TraceArrays
 from balanceroute.predict.base import CompletedBatch, CompletionEstimator, EstimatorParams
+
+# How training rows are weighted: every request alike, or by its time at risk (the iterations it
+# runs, as a router meets it; docs/design.md, "What an estimator is judged on")
+WEIGHTINGS = ("time-at-risk", "request")
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +31,13 @@ class LearnedParams(EstimatorParams):
     lambda_l2: float = field(default=10.0, metadata={"help": "classifier L2 regularisation"})
     feature_fraction: float = field(default=0.7, metadata={"help": "features tried per tree"})
     step: int = field(default=8, metadata={"help": "age grid of the training snapshots"})
+    weighting: str = field(
+        default="time-at-risk",
+        metadata={
+            "help": "training and recalibration rows weighted by each request's running time "
+            "(time-at-risk: as a router meets it) or every request alike (request)"
+        },
+    )
     per_request: int = field(default=32, metadata={"help": "training snapshots per request"})
     calib_fraction: float = field(
         default=0.1, metadata={"help": "latest share of requests held out to calibrate"}
@@ -48,6 +60,12 @@ class LearnedParams(EstimatorParams):
     )
     num_threads: int = field(default=0, metadata={"help": "LightGBM training threads (0: all)"})
     seed: int = field(default=0, metadata={"help": "seed of sampling and boosting"})
+
+
+def check_weighting(weighting: str) -> None:
+    """Refuse an unknown ``weighting`` when the parameters are built, not mid-fit."""
+    if weighting not in WEIGHTINGS:
+        raise UserError(f"unknown weighting '{weighting}'; known: {', '.join(WEIGHTINGS)}")
 
 
 class LearnedEstimator(CompletionEstimator):
@@ -80,9 +98,23 @@ class LearnedEstimator(CompletionEstimator):
             "verbose": -1,
         }
 
+    @property
+    def time_at_risk(self) -> bool:
+        """Whether rows are weighted by time at risk."""
+        return self.weighting == "time-at-risk"
+
+    def length_weights(self, lengths: np.ndarray) -> np.ndarray | None:
+        """Weights of recalibration pairs drawn at uniform ages of finished requests: their
+        lengths (time at risk, mean 1 over the training requests) or none (every request
+        alike)."""
+        if not self.time_at_risk:
+            return None
+        return np.asarray(lengths, dtype=np.float64) / self.mean_output_
+
     def start_history(self, arrays: TraceArrays, cfg: CausalConfig) -> None:
         """The online feature state, having observed the training requests in finish order."""
         self.config_ = cfg
+        self.mean_output_ = float(np.mean(arrays.output_tokens))
         self.history_ = OnlineHistory(cfg)
         finish = cfg.finish_times(arrays)
         o = np.argsort(finish, kind="stable")

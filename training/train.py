@@ -73,6 +73,7 @@ class TrainConfig:
     register_as: str = DEFAULT_MODEL_NAME
     out: str | None = None
     promote: bool = False
+    weighting: str | None = None  # the learned estimators' row weighting (None: their default)
     train_fraction: float = 0.7
     estimator_params: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -96,11 +97,14 @@ def check_estimators(kinds: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def estimator_spec(cfg: TrainConfig, kind: str) -> EstimatorSpec:
-    """The spec of one kind: the run's horizon, its key source where it has one, overrides."""
+    """The spec of one kind: the run's horizon, its key source and row weighting where it has
+    them, overrides."""
     names = {f.name for f in dataclasses.fields(estimator_class(kind).Params)}
     params: dict[str, Any] = {"horizon": cfg.horizon}
     if "key" in names:
         params["key"] = cfg.key
+    if "weighting" in names and cfg.weighting is not None:
+        params["weighting"] = cfg.weighting
     return EstimatorSpec(kind, params={**params, **cfg.estimator_params.get(kind, {})})
 
 

@@ -18,7 +18,9 @@ def training_rows(
 
     Each request keeps at most ``per_request`` grid ages, one drawn in each of that many equal
     strata of its grid (so they stay spread over its life), and the weights ``1/rows`` give every
-    request the same total weight, like the evaluation's per-request snapshots. When the rows
+    request the same total weight, like the evaluation's per-request snapshots; with ``at_risk``
+    a request's rows weigh in total its output length, the iterations a router meets it running
+    (time at risk), normalised to mean 1 over the rows. When the rows
     exceed ``max_rows``, a seeded random subset of requests is kept: the history features still
     come from every request, only the rows are thinned. Nothing of size (requests x grid) is built.
     """
@@ -35,7 +37,7 @@ def training_rows(
     g = np.repeat(grid, k)
     kk = np.repeat(k, k)
     age = step * np.floor((j + rng.random(rows_req.size)) * g / kk).astype(np.int64)
-    weight = g / kk if at_risk else 1.0 / kk
+    weight = np.repeat(out[req], k) / kk if at_risk else 1.0 / kk
     if at_risk:
         weight = weight / weight.mean()
     return rows_req, np.minimum(age, out[rows_req] - 1), weight

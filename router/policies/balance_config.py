@@ -76,6 +76,14 @@ class BalanceRouteConfig:
     max_overtake: int | None = field(
         default=1024, metadata={"help": "admit first once this many later requests passed"}
     )
+    age_priority: float | None = field(
+        default=12.0,
+        metadata={
+            "help": "age priority: a waiting request's score gains one typical waiting prompt "
+            "(as scored filling a margin) for every this many later admissions that passed it "
+            "(None: off)"
+        },
+    )
     max_wait_s: float | None = field(
         default=None, metadata={"help": "admit first after waiting this many seconds"}
     )
@@ -142,6 +150,10 @@ class BalanceRouteConfig:
             (self.predict_every >= 1, f"predict_every must be >= 1, got {self.predict_every}"),
             (self.max_overtake is None or self.max_overtake >= 1, "max_overtake must be >= 1"),
             (
+                self.age_priority is None or 0 < self.age_priority < math.inf,
+                f"age_priority must be a finite number > 0, got {self.age_priority}",
+            ),
+            (
                 self.kv_capacity is None or 0 < self.kv_capacity < math.inf,
                 "kv_capacity must be a finite number > 0",
             ),
@@ -177,10 +189,12 @@ BR0_DEFAULTS = BalanceRouteConfig(
     refill=False,
     refresh=1,
     projection="cutoff",
+    age_priority=None,
 )
 BRH_DEFAULTS = BalanceRouteConfig()
 # The paper's BR-H as published: (beta, gamma) = (14.67, 0.64), H = 80, predictions refreshed
-# every H iterations, stage 2 once free slots are few, no fairness cap, no do-no-harm guard, no twin.
+# every H iterations, stage 2 once free slots are few, no fairness cap, no age priority, no
+# do-no-harm guard, no twin.
 PAPER_BRH = BalanceRouteConfig(
     horizon=DEFAULT_HORIZON,
     beta=14.67,
@@ -190,6 +204,7 @@ PAPER_BRH = BalanceRouteConfig(
     refill=False,
     auto_gamma=None,
     max_overtake=None,
+    age_priority=None,
     projection="cutoff",
     guard=False,
     twin=False,

@@ -397,6 +397,7 @@ class BalanceRoutePolicy(Policy):
         prompts = state.requests.prompt_tokens[cand].astype(np.float64)
         loads = self.projected_loads(state, prompts)
         overdue = self._overdue(state, cand)
+        self.bonus = self._age_bonus(state, cand, prompts)
         idx, workers = self._step(loads, state, prompts, overdue, due, self.counters)
         if self.guard is not None and self.guard.due(state.iteration):
             self._keep_snapshot(state, prompts, overdue, due, prompts[idx], workers)
@@ -420,6 +421,7 @@ class BalanceRoutePolicy(Policy):
             state.free_slots.copy(),
             prompts,
             overdue,
+            self.bonus,
             self.weights,
             self.beta,
             cfg.penalty == "max",
@@ -459,6 +461,17 @@ class BalanceRoutePolicy(Policy):
         if cfg.max_wait_s is not None:
             out |= pool.waited_seconds(cand) >= cfg.max_wait_s
         return out
+
+    def _age_bonus(self, state: RouterState, cand: np.ndarray, prompts: np.ndarray) -> np.ndarray:
+        """The age priority: a candidate's score bonus, one typical waiting prompt (scored as
+        filling a margin) per ``age_priority`` later admissions that passed it. The pool's
+        smallest prompts are the ones overtaken (a larger prompt that fits fills a margin
+        better), and they cost the least to admit early (docs/design.md, "The queueing tail")."""
+        every = self.config.age_priority
+        if every is None or cand.shape[0] == 0:
+            return np.zeros(cand.shape[0])
+        typical = float(np.median(prompts)) * float(self.weights.sum())
+        return state.pool.overtaken(cand) * (typical / every)
 
 
 class BR0Policy(BalanceRoutePolicy):

@@ -92,6 +92,7 @@ def br_step(
     free,
     prompts,
     overdue,
+    bonus,
     weights,
     beta,
     penalty_max,
@@ -104,7 +105,9 @@ def br_step(
 ):
     """One BalanceRoute step. ``loads`` ``(G, H+1)`` and ``free`` are updated in place.
 
-    Returns ``(candidate indices, workers)`` in admission order.
+    ``bonus`` is added to the score of each candidate (of a subset: their sum) in stages 1
+    and 2: the age priority (docs/design.md, "The queueing tail"). Returns ``(candidate
+    indices, workers)`` in admission order.
     """
     g_count = loads.shape[0]
     h1 = loads.shape[1]
@@ -176,7 +179,7 @@ def br_step(
             b = prompts[buf[j]]
             if b > room:
                 continue
-            s = _score(b, g, loads, top, weights, total_w, beta, penalty_max)
+            s = _score(b, g, loads, top, weights, total_w, beta, penalty_max) + bonus[buf[j]]
             if s > best_s:
                 best_s = s
                 best = buf[j]
@@ -222,13 +225,15 @@ def br_step(
             for code in range(1, 1 << k):
                 q = 0
                 b = 0.0
+                extra = 0.0
                 for j in range(k):
                     if code >> j & 1:
                         q += 1
                         b += prompts[buf[j]]
+                        extra += bonus[buf[j]]
                 if q > size or b > _room(g, float(q), loads, hs, cap):
                     continue
-                s = _score(b, g, loads, top, weights, total_w, beta, penalty_max)
+                s = _score(b, g, loads, top, weights, total_w, beta, penalty_max) + extra
                 if s > best_s:
                     best_s = s
                     best_code = code
@@ -271,6 +276,7 @@ def compile_kernels() -> None:
         np.ones(2, dtype=np.int64),
         np.ones(2),
         np.zeros(2, dtype=np.bool_),
+        np.zeros(2),
         np.ones(2),
         2.0,
         False,

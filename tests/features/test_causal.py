@@ -141,6 +141,20 @@ def test_training_rows_grid_cap_and_weights():
     assert req.size <= 50_000 and np.unique(req).size > 1000
 
 
+@pytest.mark.parametrize("step, per_request", [(1, 10_000), (4, 5), (8, 32)])
+def test_training_rows_at_risk_weigh_each_request_by_its_running_time(step, per_request):
+    """With ``at_risk`` a request's rows weigh in total its output length (the iterations a
+    router meets it running), whatever its grid or how many snapshots it keeps; without, every
+    request weighs the same."""
+    out = np.array([1, 2, 7, 8, 9, 63, 64, 65, 400, 3000])
+    req, _, w = training_rows(out, step=step, per_request=per_request, seed=1, at_risk=True)
+    total = np.bincount(req, weights=w, minlength=out.size)
+    np.testing.assert_allclose(total / total.sum(), out / out.sum())
+    assert w.mean() == pytest.approx(1.0)
+    req, _, w = training_rows(out, step=step, per_request=per_request, seed=1, at_risk=False)
+    np.testing.assert_allclose(np.bincount(req, weights=w, minlength=out.size), 1.0)
+
+
 def test_person_period_rows_cover_each_bin_at_risk():
     """One row per bin a snapshot is at risk in, the event in the bin holding ``r``, none after;
     thinning keeps every event and reweights the rest."""

@@ -21,10 +21,13 @@ def score(b, margins, weights, beta, penalty_max):
     return total * b - beta * pen
 
 
-def best_subset(prompts, margins, weights, beta, max_size, penalty_max=False, room=None):
+def best_subset(
+    prompts, margins, weights, beta, max_size, penalty_max=False, room=None, bonus=None
+):
     """Best non-empty subset of at most ``max_size`` candidates, and the best single one.
 
-    ``room(q)`` is the largest total prompt a subset of size ``q`` may have (KV capacity).
+    ``room(q)`` is the largest total prompt a subset of size ``q`` may have (KV capacity);
+    ``bonus[j]`` is added to the score of any subset holding candidate ``j`` (age priority).
     Returns ``(subset, score, single, single_score)`` with indices into ``prompts``.
     """
     best, best_s, single, single_s = None, -math.inf, None, -math.inf
@@ -34,6 +37,8 @@ def best_subset(prompts, margins, weights, beta, max_size, penalty_max=False, ro
         if len(subset) > max_size or (room is not None and b > room(len(subset))):
             continue
         s = score(b, margins, weights, beta, penalty_max)
+        if bonus is not None:
+            s += sum(bonus[j] for j in subset)
         if s > best_s:
             best, best_s = subset, s
         if len(subset) == 1 and s > single_s:
@@ -42,8 +47,21 @@ def best_subset(prompts, margins, weights, beta, max_size, penalty_max=False, ro
 
 
 def reference_step(
-    loads, free, prompts, overdue, weights, beta, penalty_max, cap, s_greedy, window, r_max, due
+    loads,
+    free,
+    prompts,
+    overdue,
+    weights,
+    beta,
+    penalty_max,
+    cap,
+    s_greedy,
+    window,
+    r_max,
+    due,
+    bonus=None,
 ):
+    bonus = [0.0] * len(prompts) if bonus is None else list(bonus)
     loads = [list(row) for row in loads]
     free = list(free)
     h1 = len(loads[0])
@@ -106,7 +124,7 @@ def reference_step(
         for i in cands:
             if prompts[i] > room(g, 1):
                 continue
-            s = score(prompts[i], margins(g), weights, beta, penalty_max)
+            s = score(prompts[i], margins(g), weights, beta, penalty_max) + bonus[i]
             if s > best_s:
                 best, best_s = i, s
         if best is None:
@@ -138,6 +156,7 @@ def reference_step(
                 size,
                 penalty_max,
                 lambda q, g=g: room(g, q),
+                [bonus[i] for i in cands],
             )
             if best is not None:
                 best, single = [cands[j] for j in best], [cands[j] for j in single]

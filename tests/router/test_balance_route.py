@@ -75,6 +75,24 @@ def test_fairness_cap_admits_an_overdue_request_first():
     assert decide(BR0Policy(max_overtake=5), state, table) == [(1, 0)]
 
 
+def test_age_priority_lets_an_overtaken_small_request_in():
+    """Stage 1 gives the free slot the prompt that fills the margin best (the larger one); once
+    enough later admissions have passed the small request, its bonus wins the slot, before any
+    overtake cap would force it."""
+
+    def small_first(passed, every):
+        state, table = make_state([0, 2000], [1, 0], [100, 1500], overtaken=[passed, 0])
+        policy = BRHPolicy(horizon=0, s_greedy=0, age_priority=every, max_overtake=None)
+        return decide(policy, state, table) == [(0, 0)]
+
+    assert not small_first(0, 32.0)
+    assert not small_first(5, None)
+    assert not small_first(5, 32.0)  # the bonus is not yet worth the better fill
+    assert small_first(5, 1.0)
+    assert small_first(400, 32.0)
+    assert not small_first(10_000, None)
+
+
 def test_kv_capacity_holds_back_what_does_not_fit():
     state, table = make_state([900, 0], [1, 1], [300, 200])
     # worker 0 can take at most 100 more tokens; worker 1 can take 1,000
@@ -115,6 +133,10 @@ def test_kernel_matches_the_python_reference(
     free = np.array(data.draw(st.lists(st.integers(0, 3), min_size=g, max_size=g)), np.int64)
     prompts = np.array(data.draw(st.lists(st.integers(1, 3000), min_size=n, max_size=n)), float)
     overdue = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)))
+    aged = data.draw(st.booleans())  # an age-priority bonus on some candidates
+    bonus = np.array(
+        data.draw(st.lists(st.floats(0, 5e4) if aged else st.just(0.0), min_size=n, max_size=n))
+    )
     cap = float(data.draw(st.integers(2000, 12000))) if capped else np.inf
     weights = discount_weights(h, gamma)
     due = int(min(n, free.sum()))
@@ -124,6 +146,7 @@ def test_kernel_matches_the_python_reference(
         free.copy(),
         prompts,
         overdue,
+        bonus,
         weights,
         beta,
         penalty_max,
@@ -147,6 +170,7 @@ def test_kernel_matches_the_python_reference(
         window,
         r_max,
         due,
+        bonus.tolist(),
     )
     assert list(zip(idx.tolist(), wk.tolist(), strict=True)) == want
     if not capped:
@@ -158,7 +182,7 @@ def test_brh_with_none_at_horizon_zero_is_br0():
     rq = released(rng.integers(1, 4000, 300), rng.integers(1, 60, 300))
     cfg = SimConfig(workers=3, slots=5)
     a = simulate(rq, BR0Policy(), cfg)
-    b = simulate(rq, BRHPolicy(horizon=0, beta=None, s_greedy=None), cfg)
+    b = simulate(rq, BRHPolicy(horizon=0, beta=None, s_greedy=None, age_priority=None), cfg)
     np.testing.assert_array_equal(a.worker, b.worker)
 
 

@@ -14,6 +14,7 @@ from mlflow import MlflowClient
 
 from balanceroute.predict.base import CompletionEstimator, RunningBatch
 from balanceroute.predict.model_store import load_estimator, load_file
+from balanceroute.training.train import TrainConfig, estimator_spec
 from tests.training.conftest import PRESET_ARGS, free_port, run_cli
 
 MODEL = "completion-predictor"
@@ -131,6 +132,21 @@ def test_bad_input_exits_cleanly(isolated, capsys, args, message):
 def test_unknown_key_is_refused(isolated, capsys):
     assert run_cli(["train", *PRESET_ARGS, "--key", "colour"]) == 2
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_unknown_weighting_is_refused(isolated, capsys):
+    assert run_cli(["train", *PRESET_ARGS, "--weighting", "uniform"]) == 2
+    assert "invalid choice" in capsys.readouterr().err
+
+
+def test_weighting_reaches_the_learned_estimators_only():
+    """``train --weighting`` sets the option of the estimators that have it, and leaves every
+    estimator its own default when not given."""
+    cfg = TrainConfig(weighting="request")
+    assert estimator_spec(cfg, "hazard").params["weighting"] == "request"
+    assert estimator_spec(cfg, "gbdt").params["weighting"] == "request"
+    assert "weighting" not in estimator_spec(cfg, "survival").params
+    assert "weighting" not in estimator_spec(TrainConfig(), "hazard").params
 
 
 @pytest.mark.parametrize(("outputs", "message"), [([5] * 300, "same output length"), (None, "row")])

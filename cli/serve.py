@@ -11,8 +11,8 @@ import argparse
 import os
 import sys
 
+from balanceroute.serving.lifecycle.sources import check_uri
 from balanceroute.serving.service.server import load_serve_settings
-from balanceroute.serving.service.sources import check_uri
 
 FLAGS = ("model_uri", "model_uri_b", "host", "port", "log_level")
 

@@ -13,8 +13,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 if TYPE_CHECKING:
+    from balanceroute.serving.lifecycle.renew import ReloadOutcome
     from balanceroute.serving.service.models import LoadedModel
-    from balanceroute.serving.service.schemas import ReloadOutcome
 
 LATENCY_BUCKETS = (
     0.0005,

@@ -32,19 +32,19 @@ from datetime import UTC, datetime
 from typing import Any
 
 import anyio.to_thread
-import numpy as np
 
-from balanceroute.features.windows import ring_latest
 from balanceroute.predict.base import (
     CompletedBatch,
     CompletionEstimator,
     Prediction,
     RunningBatch,
 )
-from balanceroute.serving.lifecycle import health_problem
+from balanceroute.predict.health import health_problem
+from balanceroute.serving.lifecycle.recent import RecentCompletions
+from balanceroute.serving.lifecycle.renew import ReloadOutcome, renew
+from balanceroute.serving.lifecycle.sources import Resolved
 from balanceroute.serving.service.decode import CompletedColumns
-from balanceroute.serving.service.schemas import ArmInfo, ModelRef, ReloadOutcome
-from balanceroute.serving.service.sources import Resolved, fetch
+from balanceroute.serving.service.schemas import ArmInfo, ModelRef
 
 log = logging.getLogger("balanceroute.serve")
 
@@ -108,51 +108,6 @@ class UnknownModel(LookupError):
 
 class NotReady(RuntimeError):
     """No model is loaded yet for the arm asked for."""
-
-
-class UnhealthyModel(RuntimeError):
-    """A loaded version that fails its health check."""
-
-
-class RecentCompletions:
-    """Ring buffer of the last ``capacity`` completions, replayed into a model before its swap."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = cap = int(capacity)
-        self.prompt = np.zeros(cap, dtype=np.int64)
-        self.output = np.zeros(cap, dtype=np.int64)
-        self.key = np.zeros(cap, dtype=np.uint64)
-        self.time = np.zeros(cap, dtype=np.float64)
-        self.total = 0  # completions ever added; the next one goes to slot total % capacity
-
-    def __len__(self) -> int:
-        return min(self.total, self.capacity)
-
-    def add(self, cols: CompletedColumns) -> None:
-        """Append a batch in order, overwriting the oldest rows beyond the capacity."""
-        cap = self.capacity
-        if cap == 0 or cols.size == 0:
-            return
-        keep = slice(max(cols.size - cap, 0), cols.size)
-        times = cols.time_s if cols.time_s is not None else np.full(cols.size, np.nan)
-        slots = (self.total + np.arange(max(cols.size - cap, 0), cols.size)) % cap
-        self.prompt[slots] = cols.prompt_tokens[keep]
-        self.output[slots] = cols.output_tokens[keep]
-        self.key[slots] = cols.prompt_key[keep]
-        self.time[slots] = times[keep]
-        self.total += cols.size
-
-    def batch(self) -> CompletedBatch:
-        """Everything kept, oldest first."""
-        return self.since(0)
-
-    def since(self, total: int) -> CompletedBatch:
-        """The kept completions added after the first ``total``, oldest first."""
-        n = min(len(self), max(self.total - total, 0))
-        order = ring_latest(self.total, n, self.capacity)
-        return CompletedBatch(
-            self.prompt[order], self.output[order], self.key[order], self.time[order]
-        )
 
 
 def completed_batch(cols: CompletedColumns) -> CompletedBatch:
@@ -311,7 +266,7 @@ class ModelSlots:
                     self._mark_broken(arm, f"an update raised {type(exc).__name__}: {exc}")
                     fed.remove(arm)
             if all(arm not in self.broken for arm in self.arms):
-                self.log.add(cols)
+                self.log.add(batch)
             return fed
 
     def _updated(self, model: LoadedModel, batch: CompletedBatch) -> LoadedModel:
@@ -352,61 +307,19 @@ class ModelSlots:
 
     async def _load_arm(self, arm: str, force: bool) -> ReloadOutcome:
         current = self.arms.get(arm)
-        before = current.version if current else None
-        unchanged = ReloadOutcome(arm=arm, previous_version=before, version=before, changed=False)
-        try:
-            fresh = await anyio.to_thread.run_sync(self._prepare, arm, before, force)
-            if fresh is None:
-                return unchanged
-            seen = self.log.total
-            fresh = await anyio.to_thread.run_sync(self._replayed, fresh, self.log.batch())
-        except Exception as exc:  # a bad artifact or registry outage must not kill the server
-            self.errors[arm] = f"{type(exc).__name__}: {exc}"
-            log.error("loading model %s from %s failed: %s", arm, self.uris[arm], exc)
-            return unchanged.model_copy(update={"error": self.errors[arm]})
-        async with self._observe_lock:  # completions that came in meanwhile, then the swap
-            late = self.log.since(seen)
-            if late.size:
-                fresh.estimator.observe(late)
-            self._install(fresh)
-        return unchanged.model_copy(update={"version": fresh.version, "changed": True})
-
-    def _prepare(self, arm: str, current: str | None, force: bool) -> LoadedModel | None:
-        """Fetch the version ``uri`` names (None: unchanged) and check its health."""
-        fetched = fetch(self.uris[arm], current, force)
-        if fetched is None:
-            return None
-        resolved, estimator = fetched
-        estimator.check_fitted()
-        if self.after_load is not None:
-            self.after_load()
-        problem = health_problem(estimator)
-        if problem is not None:
-            raise UnhealthyModel(f"version {resolved.version} fails its health check: {problem}")
-        stamp = datetime.now(UTC).isoformat(timespec="seconds")
-        return LoadedModel(arm, resolved, estimator, stamp)
-
-    def _replayed(self, fresh: LoadedModel, replay: CompletedBatch) -> LoadedModel:
-        """``fresh`` after the replay log, or as loaded if the replay fails or leaves it
-        unhealthy: a replay never breaks a model that was sound (runs in a worker thread, on
-        a model no call uses yet)."""
-        if not replay.size:
-            return fresh
-        trial = copy.deepcopy(fresh.estimator)
-        try:
-            trial.observe(replay)
-            problem = health_problem(trial)
-        except Exception as exc:
-            problem = f"{type(exc).__name__}: {exc}"
-        if problem is None:
-            return LoadedModel(fresh.arm, fresh.resolved, trial, fresh.loaded_at)
-        log.error(
-            "model %s: replaying %d completions failed (%s); serving it without them",
-            fresh.arm,
-            replay.size,
-            problem,
+        outcome = await renew(
+            arm,
+            self.uris[arm],
+            current.version if current else None,
+            force=force,
+            recent=self.log,
+            install=lambda resolved, est: self._install(LoadedModel(arm, resolved, est, _now())),
+            lock=self._observe_lock,
+            after_load=self.after_load,
         )
-        return fresh
+        if outcome.error is not None:
+            self.errors[arm] = outcome.error
+        return outcome
 
     def _install(self, fresh: LoadedModel) -> None:
         old = self.arms.get(fresh.arm)
@@ -422,6 +335,10 @@ class ModelSlots:
             fresh.version,
             fresh.kind,
         )
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def _jsonable_params(est: CompletionEstimator) -> dict:

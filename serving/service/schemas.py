@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from balanceroute.features.constants import MAX_HORIZON
 from balanceroute.features.limits import input_limits
+from balanceroute.serving.lifecycle.renew import ReloadOutcome
 from balanceroute.serving.service.settings import MAX_REQUESTS, MAX_ROUTE_CELLS
 
 LIMITS = input_limits()
@@ -197,16 +198,6 @@ class ModelsResponse(BaseModel):
     default: str
     arms: list[ArmInfo]
     selectors: list[str]
-
-
-class ReloadOutcome(BaseModel):
-    """What a reload did to one arm."""
-
-    arm: str
-    previous_version: str | None
-    version: str | None
-    changed: bool
-    error: str | None = None
 
 
 class ReloadResponse(BaseModel):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from balanceroute.predict.base import Prediction
-from balanceroute.serving.lifecycle import health_problem
+from balanceroute.predict.health import health_problem
 from balanceroute.serving.service.decode import CompletedColumns
 from balanceroute.serving.service.models import ModelSlots
 from tests.serving.service.helpers import load_model
@@ -54,6 +54,32 @@ def test_a_broken_update_is_not_replayed_and_reload_heals(model_dir: Path) -> No
     asyncio.run(scenario())
 
 
+def test_a_reloaded_model_has_learned_the_recent_completions(model_dir: Path) -> None:
+    from tests.serving.lifecycle.test_renew import UNSEEN_KEY, c_of_the_key
+
+    async def scenario() -> None:
+        store = ModelSlots({"a": str(model_dir / "exactmatch.joblib")})
+        await store.reload(force=True)
+        as_loaded = c_of_the_key(store.arms["a"].estimator)
+        n = 300
+        await store.observe(
+            CompletedColumns(
+                np.full(n, 100, dtype=np.int64),
+                np.full(n, 1500, dtype=np.int64),
+                np.full(n, UNSEEN_KEY, dtype=np.uint64),
+                None,
+            )
+        )
+        learned = c_of_the_key(store.arms["a"].estimator)
+        [outcome] = await store.reload(force=True)
+        assert outcome.changed
+        replayed = c_of_the_key(store.arms["a"].estimator)
+        assert not np.allclose(replayed, as_loaded)
+        np.testing.assert_allclose(replayed, learned)  # the replay taught it what the old one knew
+
+    asyncio.run(scenario())
+
+
 @pytest.mark.parametrize("kind", ["exactmatch", "gbdt", "hazard"])
 def test_an_observe_off_the_loop_equals_one_in_place(model_dir: Path, kind: str) -> None:
     rng = np.random.default_rng(0)
@@ -66,7 +92,7 @@ def test_an_observe_off_the_loop_equals_one_in_place(model_dir: Path, kind: str)
         return store.arms["a"].estimator
 
     whole, chunked = asyncio.run(fed(10_000)), asyncio.run(fed(10))
-    from balanceroute.serving.lifecycle import canary_batch
+    from balanceroute.predict.health import canary_batch
 
     a = whole.predict(canary_batch(), survival=True)
     b = chunked.predict(canary_batch(), survival=True)

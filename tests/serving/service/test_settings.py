@@ -9,9 +9,9 @@ from pydantic import ValidationError
 
 from balanceroute.cli import main as balanceroute_main
 from balanceroute.features.errors import UserError
+from balanceroute.serving.lifecycle.sources import check_uri
 from balanceroute.serving.service.app import create_app
 from balanceroute.serving.service.settings import ServeSettings
-from balanceroute.serving.service.sources import check_uri
 
 
 def test_defaults_listen_on_loopback_without_a_token(monkeypatch) -> None:

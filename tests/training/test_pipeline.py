@@ -14,7 +14,8 @@ from mlflow import MlflowClient
 
 from balanceroute.predict.base import CompletionEstimator, RunningBatch
 from balanceroute.predict.model_store import load_estimator, load_file
-from tests.training.conftest import PRESET_ARGS, free_port, run_cli
+from balanceroute.serving.testbed.harness import free_port
+from tests.training.conftest import PRESET_ARGS, run_cli
 
 MODEL = "completion-predictor"
 

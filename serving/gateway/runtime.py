@@ -169,7 +169,7 @@ class Gateway:
         return {
             "ranks": s.group,
             "slots": s.slots,
-            "rank_urls": s.ranks,
+            "rank_urls": s.rank_urls,
             "rank_header": s.rank_header,
             "arms": {a.label: a.describe() for a in self.arms},
             "switch_every_s": s.switch_every_s,

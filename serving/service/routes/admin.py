@@ -26,7 +26,7 @@ async def reload(request: Request, store: StoreDep) -> ReloadResponse | JSONResp
     A reload that failed for any model answers :data:`RELOAD_FAILED` with the same body."""
     raw = await request.body()
     req = validate(ReloadRequest, parse_json(raw)) if raw.strip() else ReloadRequest()
-    answer = ReloadResponse(arms=await store.reload(req.arm, force=req.force))
+    answer = ReloadResponse(arms=await store.reload(req.target, force=req.force))
     if any(o.error for o in answer.arms):
         return JSONResponse(answer.model_dump(), status_code=RELOAD_FAILED)
     return answer

@@ -77,7 +77,7 @@ def test_reload_swaps_a_changed_file_without_failing_a_call(
             staged = tmp_path / "staged.joblib"
             shutil.copy(model_dir / "exactmatch.joblib", staged)
             os.replace(staged, live)
-            swapped_resp = post(c, "/v1/admin/reload", {"arm": "a"})
+            swapped_resp = post(c, "/v1/admin/reload", {"slot": "a"})  # the new name
             swapped = swapped_resp.json()["arms"]
             hammer.wait_calls(20)
             kind = c.get("/v1/models").json()["arms"][0]["kind"]

@@ -11,8 +11,8 @@ import argparse
 import os
 import sys
 
+from balanceroute.serving.lifecycle.sources import check_uri
 from balanceroute.serving.service.server import load_serve_settings
-from balanceroute.serving.service.sources import check_uri
 
 FLAGS = ("model_uri", "model_uri_b", "host", "port", "log_level")
 
@@ -44,10 +44,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--model-uri",
-        help="arm a: models:/NAME@ALIAS, models:/NAME/VERSION or a local .joblib file "
+        help="model slot a: models:/NAME@ALIAS, models:/NAME/VERSION or a local .joblib file "
         "(required unless BALANCEROUTE_MODEL_URI is set)",
     )
-    p.add_argument("--model-uri-b", help='optional arm b, selected with "model": "b"')
+    p.add_argument("--model-uri-b", help='optional model slot b, selected with "model": "b"')
     p.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="TCP port (default 8080)")
     p.add_argument("--log-level", help="log level (default info)")

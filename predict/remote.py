@@ -44,6 +44,7 @@ from balanceroute.predict.base import (
     Prediction,
     RunningBatch,
 )
+from balanceroute.predict.health import prediction_problem
 from balanceroute.predict.no_prediction import NoPrediction
 
 TOKEN_ENV = "BALANCEROUTE_API_TOKEN"
@@ -315,18 +316,13 @@ class RemoteEstimator(CompletionEstimator):
             raise RemoteFailure("malformed", f"{type(exc).__name__}: {exc}") from None
         if horizon != h:
             raise RemoteFailure("horizon", f"answered for horizon {horizon}, asked {h}")
-        ok = (
-            p.shape == (n,)
-            and c.shape == (n,)
-            and bool(np.isfinite(p).all() and np.isfinite(c).all())
-            and bool(((p >= 0) & (p <= 1)).all() and ((c >= 0) & (c <= h)).all())
-            and (surv is None or (surv.shape == (n, h + 1) and bool(np.isfinite(surv).all())))
-        )
-        if not ok:
-            raise RemoteFailure("malformed", "shapes or values out of range")
+        pred = Prediction(p_finish=p, c=c, survival=surv)
+        problem = prediction_problem(pred, n, h)
+        if problem is not None:
+            raise RemoteFailure("malformed", f"the answer {problem}")
         if isinstance(model, dict):
             self.remote_model_ = model
-        return Prediction(p_finish=p, c=c, survival=surv)
+        return pred
 
 
 def check_service_url(url: str) -> str:

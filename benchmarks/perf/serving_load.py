@@ -38,7 +38,7 @@ from balanceroute.features.synthetic import generate
 from balanceroute.predict.model_store import load_file
 from balanceroute.serving.service.decode import decode_predict
 from balanceroute.serving.service.inference import running_batch
-from balanceroute.serving.testbed.harness import free_port
+from balanceroute.serving.testbed.harness import ServerProcess, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "completion-predictor"
@@ -130,7 +130,7 @@ def make_batches(batch: int, count: int, seed: int) -> list[dict[str, Any]]:
 
 
 class Process:
-    """A server subprocess, polled until ready and killed by its own pid."""
+    """A server subprocess in its own process group (MLflow execs workers), polled until ready."""
 
     def __init__(
         self, name: str, args: list[str], env: dict[str, str], ready: str, cwd: Path, port: int
@@ -138,30 +138,10 @@ class Process:
         self.name = name
         self.port = port
         self.log_path = cwd / f"{name}-{port}.log"
-        self.log_file = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(
-            args,
-            env=env,
-            cwd=cwd,
-            stdout=self.log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
         start = time.monotonic()
-        while time.monotonic() - start < 300:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{name} exited: {self.log_path.read_text()[-2000:]}")
-            try:
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-                conn.request("GET", ready)
-                if conn.getresponse().status == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.2)
-        else:
-            self.stop()
-            raise RuntimeError(f"{name} not ready after 300 s")
+        self.server = ServerProcess(args, log=self.log_path, env=env, cwd=cwd, group=True)
+        self.proc = self.server.proc
+        self.server.wait_ready([f"http://127.0.0.1:{port}{ready}"], timeout_s=300, poll_s=0.2)
         self.startup_s = time.monotonic() - start
 
     def rss_mb(self) -> float:
@@ -171,25 +151,8 @@ class Process:
         return round(tree[-1].memory_info().rss / 2**20, 1)
 
     def stop(self) -> None:
-        """Terminate the server and the processes it started (by their pids), then reap them."""
-        try:
-            tree = [*psutil.Process(self.proc.pid).children(recursive=True)]
-        except psutil.NoSuchProcess:
-            tree = []
-        for p in [self.proc, *tree]:
-            try:
-                p.terminate()
-            except (psutil.NoSuchProcess, ProcessLookupError):
-                pass
-        _, alive = psutil.wait_procs(tree, timeout=15)
-        for p in alive:
-            p.kill()
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log_file.close()
+        """Terminate the server and the processes it started (its process group), reap them."""
+        self.server.terminate(timeout_s=15)
 
 
 def start_ours(uri: str, env: dict[str, str], cwd: Path) -> Process:

@@ -3,10 +3,13 @@
 Each arm is a :class:`~balanceroute.router.policies.specs.RouterSpec` built with ``build_policy`` and, for
 routers that look ahead, an estimator from :func:`~balanceroute.predict.factory.build_estimator`
 (a loaded model; or one fitted on ``--history``; or a prediction service with the local one as
-its fallback). The policy holds a :class:`Handle` on its estimator, never the model itself, so
-``POST /admin/reload`` swaps the model between two decisions without rebuilding the policy,
-and a request that left without finishing (its client went away, its rank failed) leaves the
-policy through ``on_complete`` without being learned from (a truncated length is not an output
+its fallback). A model URI is loaded through the one model lifecycle of ``serve`` and the gateway
+(:mod:`balanceroute.serving.lifecycle`: a registry model in a child process, so MLflow never
+enters the gateway). The policy holds a :class:`Handle` on its estimator, never the model
+itself, so ``POST /admin/reload`` swaps the model between two decisions without rebuilding the
+policy. The gateway mutes every handle: the policy's own updates are ignored and the
+completion fan-out (:mod:`.fanout`) teaches each model every finished request exactly once; a
+request that left without finishing is taught to none (a truncated length is not an output
 length).
 """
 
@@ -33,11 +36,12 @@ from balanceroute.router.policies.policy import Policy
 from balanceroute.router.policies.registry import OFFLINE_ONLY
 from balanceroute.router.policies.specs import RouterSpec, parse_arms
 from balanceroute.serving.gateway.settings import GatewaySettings
+from balanceroute.serving.lifecycle.renew import load_now
 
 
 class Handle(CompletionEstimator):
-    """A stable estimator for a policy: predictions from ``model`` (swappable), online updates
-    to it unless ``muted``."""
+    """A stable estimator for a policy: predictions from ``model`` (swappable), the policy's
+    online updates to it unless ``muted``, the fan-out's through :meth:`learn`."""
 
     fitting = Fitting.NONE
 
@@ -73,6 +77,10 @@ class Handle(CompletionEstimator):
         if not self.muted:
             self.model.observe(completions)
 
+    def learn(self, completions: CompletedBatch) -> None:
+        """Teach the model ``completions`` whether or not the policy is muted."""
+        self.model.observe(completions)
+
     def stats(self) -> dict[str, Any]:
         """The remote client's counters, when the model is one."""
         stats = getattr(self.model, "stats", None)
@@ -87,6 +95,7 @@ class Arm:
     spec: RouterSpec
     policy: Policy
     handle: Handle | None
+    version: str | None = None  # of the model its URI named when last loaded
 
     def describe(self) -> dict[str, Any]:
         est = self.spec.estimator
@@ -98,10 +107,17 @@ class Arm:
             "options": dict(self.spec.options),
         }
 
-    def swap(self, model: CompletionEstimator) -> None:
+    @property
+    def model_uri(self) -> str | None:
+        """The URI its model is loaded from (None: fitted, or no estimator)."""
+        est = self.spec.estimator
+        return None if self.handle is None or est is None else est.model_uri
+
+    def swap(self, model: CompletionEstimator, version: str | None = None) -> None:
         """Predict with ``model`` from the next decision on (a prediction service keeps
         answering; ``model`` becomes its fallback)."""
         assert self.handle is not None
+        self.version = version
         current = self.handle.model
         if isinstance(current, RemoteEstimator):
             current.fallback = model
@@ -131,8 +147,9 @@ def arm_specs(settings: GatewaySettings) -> list[RouterSpec]:
 
 def make_estimator(
     spec: EstimatorSpec, history: pd.DataFrame | None, horizon: int
-) -> CompletionEstimator:
-    """An estimator a live gateway can run: deployable, and loaded or fitted on ``history``."""
+) -> tuple[CompletionEstimator, str | None]:
+    """An estimator a live gateway can run, deployable, and its version: loaded through the
+    model lifecycle, or fitted on ``history`` (version None)."""
     cls = estimator_class(spec.kind)
     if not cls.deployable:
         raise UserError(
@@ -144,7 +161,10 @@ def make_estimator(
             f"estimator '{spec.kind}' needs a model URI ({spec.kind}@models:/NAME@ALIAS or "
             f"{spec.kind}@FILE.joblib) or --history TRACE to be fitted on"
         )
-    return build_estimator(spec, history=history, horizon=horizon)
+    if spec.model_uri is not None:
+        fresh = load_now(str(spec), spec.model_uri, kind=spec.kind)
+        return fresh.estimator, fresh.resolved.version
+    return build_estimator(spec, history=history, horizon=horizon), None
 
 
 def build_arm(spec: RouterSpec, settings: GatewaySettings, history: pd.DataFrame | None) -> Arm:
@@ -153,25 +173,16 @@ def build_arm(spec: RouterSpec, settings: GatewaySettings, history: pd.DataFrame
     if spec.estimator is None:  # a router that does not look ahead
         return Arm(spec.label, spec, spec.build_policy(), None)
     horizon = spec.horizon or DEFAULT_HORIZON
-    model = make_estimator(spec.estimator, history, horizon)
+    model, version = make_estimator(spec.estimator, history, horizon)
     if settings.estimator_url is not None:
         preflight(settings.estimator_url)
         model = RemoteEstimator(
             settings.estimator_url, fallback=model, timeout_s=settings.estimator_timeout_s
         )
     handle = Handle(model)
-    return Arm(spec.label, spec, spec.build_policy(handle), handle)
+    return Arm(spec.label, spec, spec.build_policy(handle), handle, version)
 
 
 def build_arms(settings: GatewaySettings, history: pd.DataFrame | None = None) -> list[Arm]:
     """Every arm of the settings, built (models loaded, fitted or reached) before serving."""
     return [build_arm(spec, settings, history) for spec in arm_specs(settings)]
-
-
-def reload_model(arm: Arm) -> CompletionEstimator | None:
-    """A freshly loaded model for ``arm`` (its URI's alias re-resolved), or None when its
-    estimator has no model URI. Blocking: call it off the event loop, then :meth:`Arm.swap`."""
-    est = arm.spec.estimator
-    if arm.handle is None or est is None or est.model_uri is None:
-        return None
-    return build_estimator(est)

@@ -2,14 +2,14 @@
 stream and every tick.
 
 A decision tells the active policy which requests left since the last one (``on_complete``,
-before any of their positions is reused; a request that did not finish normally leaves with its
-estimator muted), asks it for the admissions due (``route``, timed), checks them with the
+before any of their positions is reused), hands the finished ones to every arm's model through
+the one fan-out (:mod:`.fanout`; a request that did not finish normally is taught to none), asks it for the admissions due (``route``, timed), checks them with the
 simulator's own invariants (:func:`~balanceroute.router.policies.admission.admission_violation`) and
 resolves each admitted request's future with its rank; the request's handler then forwards it.
 Decisions run on the event loop, between two relayed chunks, so the state never changes under
 a policy. Arms switch at window boundaries (:class:`Switchback`): the incoming policy is
-``reset`` once per activation; every arm's estimator learns from every completion (the active
-one through ``on_complete``, the others directly), so no arm is starved of data.
+``reset`` once per activation; every arm's estimator learns from every completion, so no arm is
+starved of data.
 """
 
 from __future__ import annotations
@@ -22,13 +22,14 @@ from collections.abc import Callable
 
 import numpy as np
 
-from balanceroute.predict.base import CompletedBatch
 from balanceroute.router.policies.admission import admission_violation
 from balanceroute.router.policies.policy import RunContext
 from balanceroute.serving.gateway.arms import Arm
+from balanceroute.serving.gateway.fanout import completed, fan_out, mute_policies
 from balanceroute.serving.gateway.metrics import GatewayMetrics
 from balanceroute.serving.gateway.state import Departure, LiveGroup
 from balanceroute.serving.gateway.switchback import Switchback
+from balanceroute.serving.lifecycle.recent import RecentCompletions
 
 log = logging.getLogger("balanceroute.gateway")
 STEP_SAMPLES = 100_000
@@ -47,9 +48,12 @@ class Dispatcher:
         *,
         seed: int = 0,
         clock: Callable[[], float] = time.monotonic,
+        recent: RecentCompletions | None = None,
     ) -> None:
         self.group = group
         self.arms = {a.label: a for a in arms}
+        self.recent = recent
+        mute_policies(arms)
         self.switchback = switchback
         self.metrics = metrics
         self.seed = seed
@@ -102,41 +106,15 @@ class Dispatcher:
         deps = self.group.take_departures()
         if not deps:
             return
-        it = self.group.iteration
-        learned = [d for d in deps if d.learn]
-        unlearned = [d for d in deps if not d.learn]
-        for batch, mute in ((learned, False), (unlearned, True)):
-            if not batch:
-                continue
-            pos, out = _columns(batch)
-            if arm.handle is not None:
-                arm.handle.muted = mute
-            try:
-                arm.policy.on_complete(pos, out, now, it)
-            except Exception:  # the positions must still be freed: say it, carry on
-                log.exception("arm %s: on_complete failed", arm.label)
-            finally:
-                if arm.handle is not None:
-                    arm.handle.muted = False
-        if learned:
-            self._teach_others(arm, learned, now)
+        pos, out = _columns(deps)
+        learned = np.fromiter((d.learn for d in deps), dtype=bool, count=len(deps))
+        batch = completed(self.group.table, pos[learned], out[learned], now)
+        try:
+            arm.policy.on_complete(pos, out, now, self.group.iteration)
+        except Exception:  # the positions must still be freed: say it, carry on
+            log.exception("arm %s: on_complete failed", arm.label)
+        fan_out(self.arms.values(), batch, self.recent)
         self.group.release(deps)
-
-    def _teach_others(self, active: Arm, learned: list[Departure], now: float) -> None:
-        others = [a for a in self.arms.values() if a is not active and a.handle is not None]
-        if not others:
-            return
-        pos, out = _columns(learned)
-        table = self.group.table
-        batch = CompletedBatch(
-            prompt_tokens=table.prompt_tokens[pos].copy(),
-            output_tokens=out,
-            prompt_key=table.prompt_key[pos].copy(),
-            time_s=np.full(pos.shape[0], now),
-        )
-        for arm in others:
-            if arm.handle is not None and arm.handle.learns_online:
-                arm.handle.observe(batch)
 
     def decide(self) -> int:
         """One decision now; returns how many requests it admitted."""

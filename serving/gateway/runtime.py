@@ -6,7 +6,7 @@ The parts (each its own module): the live group and pool (:mod:`.state`), the de
 metrics (:mod:`.metrics`) and prompt counting (:mod:`.tokens`). At shutdown ``OUT/ticks.parquet``
 keeps every tick's sample (epoch time, pool size, imbalance, arm): what the live benchmark aligns
 with the engine's iterations to tell when requests were waiting at the gateway. Requests themselves are run by
-:mod:`.relay`. Model reloads load off the event loop and swap between two decisions.
+:mod:`.relay`. Model reloads (:mod:`.reload`) load off the event loop and swap between two decisions.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,29 +24,24 @@ import pyarrow as pa
 
 from balanceroute.features.errors import UserError
 from balanceroute.features.files import write_parquet
-from balanceroute.predict.base import CompletionEstimator
-from balanceroute.serving.gateway.arms import Arm, reload_model
+from balanceroute.serving.gateway.arms import Arm
 from balanceroute.serving.gateway.completions import CompletionLog
 from balanceroute.serving.gateway.dispatch import Dispatcher
 from balanceroute.serving.gateway.health import RankHealth
 from balanceroute.serving.gateway.metrics import GatewayMetrics
+from balanceroute.serving.gateway.reload import reload_arms
 from balanceroute.serving.gateway.results import save_switchback
 from balanceroute.serving.gateway.settings import GatewaySettings
 from balanceroute.serving.gateway.state import LiveGroup
 from balanceroute.serving.gateway.switchback import Switchback
 from balanceroute.serving.gateway.tokens import PromptCounter
-from balanceroute.serving.lifecycle import health_problem
+from balanceroute.serving.lifecycle.recent import RecentCompletions
+from balanceroute.serving.lifecycle.renew import ReloadOutcome
 
 log = logging.getLogger("balanceroute.gateway")
 UPSTREAM_KEY_ENV = "BALANCEROUTE_UPSTREAM_API_KEY"
 TICK_COLUMNS = ("time_s", "pool", "imbalance", "arm")  # time_s: epoch seconds
-
-
-@dataclass
-class ReloadResult:
-    arm: str
-    status: str  # swapped | unchanged | failed
-    detail: str = ""
+RECENT_COMPLETIONS = 65_536  # replayed into a reloaded model, as ``serve``'s default
 
 
 class Gateway:
@@ -75,8 +69,15 @@ class Gateway:
             settings.seed,
             self.clock(),
         )
+        self.recent = RecentCompletions(RECENT_COMPLETIONS)
         self.dispatcher = Dispatcher(
-            self.group, arms, self.switchback, self.metrics, seed=settings.seed, clock=self.clock
+            self.group,
+            arms,
+            self.switchback,
+            self.metrics,
+            seed=settings.seed,
+            clock=self.clock,
+            recent=self.recent,
         )
         self.health = RankHealth(settings, self.group, self.metrics, self.dispatcher.wake)
         out = None if settings.out is None else Path(settings.out)
@@ -168,7 +169,7 @@ class Gateway:
         return {
             "ranks": s.group,
             "slots": s.slots,
-            "rank_urls": s.ranks,
+            "rank_urls": s.rank_urls,
             "rank_header": s.rank_header,
             "arms": {a.label: a.describe() for a in self.arms},
             "switch_every_s": s.switch_every_s,
@@ -201,30 +202,11 @@ class Gateway:
         )
 
     # ---- reload ---------------------------------------------------------------------------
-    async def reload(self) -> list[ReloadResult]:
-        """Re-resolve every arm's model URI off the event loop; a model that loads and passes
-        its health check replaces the old one between two decisions; a failure keeps it."""
+    async def reload(self) -> list[ReloadOutcome]:
+        """Renew every arm's model (:mod:`.reload`); a failure keeps the old one."""
         async with self.reload_lock:
-            out = []
-            loop = asyncio.get_running_loop()
-            for arm in self.arms:
-                try:
-                    fresh, problem = await loop.run_in_executor(None, _load_checked, arm)
-                except Exception as exc:  # a failed load keeps the old model
-                    fresh, problem = None, f"{type(exc).__name__}: {exc}"
-                if problem is not None:
-                    out.append(ReloadResult(arm.label, "failed", problem))
-                    self.metrics.reloads.labels("failed").inc()
-                elif fresh is None:
-                    out.append(ReloadResult(arm.label, "unchanged", "no model URI"))
-                else:
-                    arm.swap(fresh)  # on the event loop: between two decisions
-                    out.append(ReloadResult(arm.label, "swapped", fresh.name))
-                    self.metrics.reloads.labels("swapped").inc()
+            out = await reload_arms(self.arms, self.recent)
+            for o in out:
+                if o.status != "unchanged":
+                    self.metrics.reloads.labels(o.status).inc()
             return out
-
-
-def _load_checked(arm: Arm) -> tuple[CompletionEstimator | None, str | None]:
-    """The arm's model loaded afresh and why it fails its health check (blocking)."""
-    fresh = reload_model(arm)
-    return fresh, None if fresh is None else health_problem(fresh)

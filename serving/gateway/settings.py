@@ -34,6 +34,9 @@ class GatewaySettings(ServiceSettings):
     """Everything ``balanceroute gateway`` needs (``balanceroute gateway --help`` for the flags)."""
 
     port: int = Field(default=8000, ge=0, le=65535, description="TCP port (0 = any free one)")
+    # The rank URLs: code reads them as ``rank_urls`` (``ranks`` elsewhere counts them, G, or
+    # holds their states); the field keeps the name of its input (``--rank`` fills it,
+    # ``BALANCEROUTE_RANKS`` sets it, error messages say ``ranks``).
     ranks: list[str] = Field(
         min_length=1,
         description="rank base URLs, one per data-parallel rank (URL mode), or the one upstream "
@@ -123,12 +126,12 @@ class GatewaySettings(ServiceSettings):
     @model_validator(mode="after")
     def _consistent(self) -> GatewaySettings:
         if self.rank_header is not None:
-            if len(self.ranks) != 1:
+            if len(self.rank_urls) != 1:
                 raise ValueError("header mode (rank_header) takes exactly one upstream URL")
             if self.group_size is None:
                 raise ValueError("header mode needs group_size: the number of ranks upstream")
-        elif self.group_size is not None and self.group_size != len(self.ranks):
-            raise ValueError(f"group_size {self.group_size} differs from {len(self.ranks)} URLs")
+        elif self.group_size is not None and self.group_size != len(self.rank_urls):
+            raise ValueError(f"group_size {self.group_size} differs from {len(self.rank_urls)} URLs")
         if self.arms is not None and self.estimator_url is not None:
             raise ValueError("estimator_url applies to router; with arms give each its estimator")
         if self.warmup >= self.switch_every_s:
@@ -136,9 +139,14 @@ class GatewaySettings(ServiceSettings):
         return self
 
     @property
+    def rank_urls(self) -> list[str]:
+        """The ranks' base URLs, in rank order (header mode: the one upstream URL)."""
+        return self.ranks
+
+    @property
     def group(self) -> int:
         """G: the number of ranks."""
-        return self.group_size or len(self.ranks)
+        return self.group_size or len(self.rank_urls)
 
     @property
     def warmup(self) -> float:
@@ -147,4 +155,5 @@ class GatewaySettings(ServiceSettings):
 
     def rank_url(self, rank: int) -> str:
         """Base URL that rank ``rank`` is reached at."""
-        return self.ranks[0] if self.rank_header is not None else self.ranks[rank]
+        urls = self.rank_urls
+        return urls[0] if self.rank_header is not None else urls[rank]

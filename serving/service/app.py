@@ -68,9 +68,9 @@ def create_app(settings: ServeSettings, *, store: ModelSlots | None = None) -> F
     metrics = ServiceMetrics()
     guards = RouteGuards()
 
-    def swapped(arm: str, old: LoadedModel | None, new: LoadedModel) -> None:
-        metrics.swapped(arm, old, new)
-        guards.drop(arm)  # the verdict was about the old model
+    def swapped(slot: str, old: LoadedModel | None, new: LoadedModel) -> None:
+        metrics.swapped(slot, old, new)
+        guards.drop(slot)  # the verdict was about the old model
 
     if store is None:
         store = ModelSlots(

@@ -47,13 +47,13 @@ def predict(model: LoadedModel, inp: PredictInput) -> tuple[Prediction, int]:
     if want_h > model_h or (want_h < model_h and not est.provides_survival):
         shorter = " or a shorter one" if est.provides_survival else ""
         raise HorizonUnavailable(
-            f"model {model.arm} ({model.kind} version {model.version}) predicts {model_h} "
+            f"model {model.slot} ({model.kind} version {model.version}) predicts {model_h} "
             f"iterations ahead: it answers for horizon {model_h}{shorter}, not {want_h}"
         )
     need_curves = inp.survival or want_h != model_h
     pred = est.predict(running_batch(inp.running, inp.time_s), survival=need_curves)
     if want_h != model_h and pred.survival is None:
-        raise HorizonUnavailable(f"model {model.arm} returned no survival curves")
+        raise HorizonUnavailable(f"model {model.slot} returned no survival curves")
     pred = at_horizon(pred, model_h, want_h)
     if not inp.survival:
         pred = Prediction(pred.p_finish, pred.c, None)

@@ -1,7 +1,8 @@
 """Prometheus metrics of the service, in a registry of its own (one per app instance).
 
-Latency and counts per endpoint and arm come from an ASGI middleware that times every call; the
-handlers tag the arm that answered and record batch sizes and fallbacks.
+Latency and counts per endpoint and model slot come from an ASGI middleware that times every
+call; the handlers tag the slot that answered and record batch sizes and fallbacks. The label is
+still called ``arm`` (and the request state key with it): dashboards and alerts select on it.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 if TYPE_CHECKING:
+    from balanceroute.serving.lifecycle.renew import ReloadOutcome
     from balanceroute.serving.service.models import LoadedModel
-    from balanceroute.serving.service.schemas import ReloadOutcome
 
 LATENCY_BUCKETS = (
     0.0005,
@@ -103,8 +104,8 @@ class ServiceMetrics:
             registry=r,
         )
 
-    def swapped(self, arm: str, old: LoadedModel | None, new: LoadedModel) -> None:
-        """A new version serves ``arm``: move the info series and count the load."""
+    def swapped(self, slot: str, old: LoadedModel | None, new: LoadedModel) -> None:
+        """A new version serves ``slot``: move the info series and count the load."""
         if old is not None:
             self.model_info.remove(*_info_labels(old))
         self.model_info.labels(*_info_labels(new)).set(1)
@@ -124,7 +125,7 @@ class ServiceMetrics:
 
 def _info_labels(m: LoadedModel) -> tuple[str, ...]:
     r = m.resolved
-    return (m.arm, r.name, r.version, m.kind, r.source)
+    return (m.slot, r.name, r.version, m.kind, r.source)
 
 
 class MetricsMiddleware:

@@ -1,4 +1,4 @@
-"""The loaded models: one per arm (``a``, optional ``b``), selection, online updates and reload.
+"""The loaded models: one per slot (``a``, optional ``b``), selection, online updates and reload.
 
 Concurrency model: the handlers run on the event loop thread; ``/v1/route`` decides in a worker
 thread (:mod:`serving.service.routes.route`). Every call into an estimator holds :attr:`ModelSlots.lock`
@@ -8,7 +8,7 @@ than ``inline_rows``) to a copy of the model in a worker thread that is swapped 
 complete, so predictions never wait for a large update (they are answered by the model as it
 was before the batch) and the result is the same as one in-place update. A reload fetches the new version from a worker thread
 (slow, off the loop: :mod:`serving.service.sources`), then back on the loop replays the recent
-completions into it, checks its health and swaps the arm's reference in one assignment: calls
+completions into it, checks its health and swaps the slot's reference in one assignment: calls
 before the swap are answered by the old version, calls after by the new one, none is dropped.
 
 Health: a model answers a fixed canary batch with finite, in-range values within
@@ -32,30 +32,30 @@ from datetime import UTC, datetime
 from typing import Any
 
 import anyio.to_thread
-import numpy as np
 
-from balanceroute.features.windows import ring_latest
 from balanceroute.predict.base import (
     CompletedBatch,
     CompletionEstimator,
     Prediction,
     RunningBatch,
 )
-from balanceroute.serving.lifecycle import health_problem
+from balanceroute.predict.health import health_problem
+from balanceroute.serving.lifecycle.recent import RecentCompletions
+from balanceroute.serving.lifecycle.renew import ReloadOutcome, renew
+from balanceroute.serving.lifecycle.sources import Resolved
 from balanceroute.serving.service.decode import CompletedColumns
-from balanceroute.serving.service.schemas import ArmInfo, ModelRef, ReloadOutcome
-from balanceroute.serving.service.sources import Resolved, fetch
+from balanceroute.serving.service.schemas import ArmInfo, ModelRef
 
 log = logging.getLogger("balanceroute.serve")
 
-ARMS = ("a", "b")
+SLOTS = ("a", "b")
 
 
 @dataclass(frozen=True, slots=True)
 class LoadedModel:
     """An estimator and the version it came from."""
 
-    arm: str
+    slot: str
     resolved: Resolved
     estimator: CompletionEstimator
     loaded_at: str
@@ -72,14 +72,16 @@ class LoadedModel:
 
     def ref(self) -> ModelRef:
         """What a response says about the model that answered."""
-        return ModelRef(arm=self.arm, name=self.resolved.name, version=self.version, kind=self.kind)
+        return ModelRef(
+            arm=self.slot, name=self.resolved.name, version=self.version, kind=self.kind
+        )
 
     def info(self) -> ArmInfo:
         """What ``GET /v1/models`` says about it."""
         r = self.resolved
         est = self.estimator
         return ArmInfo(
-            arm=self.arm,
+            arm=self.slot,
             uri=r.uri,
             source=r.source,
             name=r.name,
@@ -95,9 +97,9 @@ class LoadedModel:
         )
 
     def answers_to(self, selector: str) -> bool:
-        """Whether ``selector`` (arm, version, alias, NAME@ALIAS or NAME/VERSION) names it."""
+        """Whether ``selector`` (slot, version, alias, NAME@ALIAS or NAME/VERSION) names it."""
         r = self.resolved
-        names = {self.arm, r.version, *r.aliases, f"{r.name}/{r.version}"}
+        names = {self.slot, r.version, *r.aliases, f"{r.name}/{r.version}"}
         names.update(f"{r.name}@{a}" for a in r.aliases)
         return selector in names
 
@@ -107,52 +109,7 @@ class UnknownModel(LookupError):
 
 
 class NotReady(RuntimeError):
-    """No model is loaded yet for the arm asked for."""
-
-
-class UnhealthyModel(RuntimeError):
-    """A loaded version that fails its health check."""
-
-
-class RecentCompletions:
-    """Ring buffer of the last ``capacity`` completions, replayed into a model before its swap."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = cap = int(capacity)
-        self.prompt = np.zeros(cap, dtype=np.int64)
-        self.output = np.zeros(cap, dtype=np.int64)
-        self.key = np.zeros(cap, dtype=np.uint64)
-        self.time = np.zeros(cap, dtype=np.float64)
-        self.total = 0  # completions ever added; the next one goes to slot total % capacity
-
-    def __len__(self) -> int:
-        return min(self.total, self.capacity)
-
-    def add(self, cols: CompletedColumns) -> None:
-        """Append a batch in order, overwriting the oldest rows beyond the capacity."""
-        cap = self.capacity
-        if cap == 0 or cols.size == 0:
-            return
-        keep = slice(max(cols.size - cap, 0), cols.size)
-        times = cols.time_s if cols.time_s is not None else np.full(cols.size, np.nan)
-        slots = (self.total + np.arange(max(cols.size - cap, 0), cols.size)) % cap
-        self.prompt[slots] = cols.prompt_tokens[keep]
-        self.output[slots] = cols.output_tokens[keep]
-        self.key[slots] = cols.prompt_key[keep]
-        self.time[slots] = times[keep]
-        self.total += cols.size
-
-    def batch(self) -> CompletedBatch:
-        """Everything kept, oldest first."""
-        return self.since(0)
-
-    def since(self, total: int) -> CompletedBatch:
-        """The kept completions added after the first ``total``, oldest first."""
-        n = min(len(self), max(self.total - total, 0))
-        order = ring_latest(self.total, n, self.capacity)
-        return CompletedBatch(
-            self.prompt[order], self.output[order], self.key[order], self.time[order]
-        )
+    """No model is loaded yet for the slot asked for."""
 
 
 def completed_batch(cols: CompletedColumns) -> CompletedBatch:
@@ -190,7 +147,7 @@ SwapHook = Callable[[str, LoadedModel | None, LoadedModel], None]
 
 
 class ModelSlots:
-    """Arms by label; ``arms`` is replaced as a whole on a swap, never mutated in place."""
+    """Slots by label; ``slots`` is replaced as a whole on a swap, never mutated in place."""
 
     def __init__(
         self,
@@ -203,10 +160,10 @@ class ModelSlots:
         after_load: Callable[[], None] | None = None,
     ) -> None:
         self.uris = dict(uris)
-        self.arms: dict[str, LoadedModel] = {}
+        self.slots: dict[str, LoadedModel] = {}
         self.errors: dict[str, str] = {}
-        self.broken: dict[str, str] = {}  # arm -> why its loaded model is unhealthy
-        self.retry: dict[str, tuple[int, float]] = {}  # arm -> (failed loads, next try, monotonic)
+        self.broken: dict[str, str] = {}  # slot -> why its loaded model is unhealthy
+        self.retry: dict[str, tuple[int, float]] = {}  # slot -> (failed loads, next try, monotonic)
         self.log = RecentCompletions(replay_buffer)
         self.inline_rows = max(0, int(inline_rows))
         self.lock = threading.Lock()
@@ -220,27 +177,27 @@ class ModelSlots:
     # ---- selection -------------------------------------------------------------------------
     @property
     def ready(self) -> bool:
-        """Every configured arm has a healthy model."""
-        return all(arm in self.arms and arm not in self.broken for arm in self.uris)
+        """Every configured slot has a healthy model."""
+        return all(slot in self.slots and slot not in self.broken for slot in self.uris)
 
     def check_health(self, max_age_s: float = 1.0) -> dict[str, str]:
-        """Run the canary on every loaded arm (at most once per ``max_age_s``); the broken ones."""
+        """Run the canary on every loaded slot (at most once per ``max_age_s``); the broken ones."""
         now = time.monotonic()
         if now - self._checked_at >= max_age_s:
             self._checked_at = now
-            for arm, m in self.arms.items():
-                if arm in self.broken:
+            for slot, m in self.slots.items():
+                if slot in self.broken:
                     continue
                 with self.lock:
                     problem = health_problem(m.estimator)
                 if problem is not None:
-                    self._mark_broken(arm, problem)
+                    self._mark_broken(slot, problem)
         return dict(self.broken)
 
-    def _mark_broken(self, arm: str, why: str) -> None:
-        if arm not in self.broken:
-            log.error("model %s is unhealthy: %s (reload it to recover)", arm, why)
-        self.broken[arm] = why
+    def _mark_broken(self, slot: str, why: str) -> None:
+        if slot not in self.broken:
+            log.error("model %s is unhealthy: %s (reload it to recover)", slot, why)
+        self.broken[slot] = why
 
     def shared(self, model: LoadedModel) -> SharedEstimator:
         """``model``'s estimator for use from a worker thread."""
@@ -249,24 +206,24 @@ class ModelSlots:
     def selectors(self) -> list[str]:
         """Every selector a request may use right now."""
         out: list[str] = []
-        for m in self.arms.values():
+        for m in self.slots.values():
             r = m.resolved
-            for s in (m.arm, r.version, *r.aliases):
+            for s in (m.slot, r.version, *r.aliases):
                 if s not in out:
                     out.append(s)
         return out
 
     def select(self, selector: str | None) -> LoadedModel:
-        """The arm a request asks for (default ``a``)."""
-        arms = self.arms
+        """The slot a request asks for (default ``a``)."""
+        slots = self.slots
         if selector is None:
-            if "a" not in arms:
+            if "a" not in slots:
                 raise NotReady(self.not_ready_reason("a"))
-            return arms["a"]
-        if selector in self.uris and selector not in arms:
+            return slots["a"]
+        if selector in self.uris and selector not in slots:
             raise NotReady(self.not_ready_reason(selector))
-        for arm in ARMS:
-            m = arms.get(arm)
+        for slot in SLOTS:
+            m = slots.get(slot)
             if m is not None and m.answers_to(selector):
                 return m
         raise UnknownModel(
@@ -274,44 +231,44 @@ class ModelSlots:
             f"{', '.join(self.selectors()) or 'none (no model loaded yet)'}"
         )
 
-    def not_ready_reason(self, arm: str) -> str:
-        """Why ``arm`` has no healthy model (loading, the last error and the next retry, or
+    def not_ready_reason(self, slot: str) -> str:
+        """Why ``slot`` has no healthy model (loading, the last error and the next retry, or
         its health check)."""
-        if arm in self.arms and arm in self.broken:
-            return f"model {arm} is unhealthy: {self.broken[arm]}"
-        err = self.errors.get(arm)
+        if slot in self.slots and slot in self.broken:
+            return f"model {slot} is unhealthy: {self.broken[slot]}"
+        err = self.errors.get(slot)
         if not err:
-            return f"model {arm} is still loading"
-        out = f"model {arm} failed to load: {err}"
-        if arm in self.retry:
-            failures, at = self.retry[arm]
+            return f"model {slot} is still loading"
+        out = f"model {slot} failed to load: {err}"
+        if slot in self.retry:
+            failures, at = self.retry[slot]
             wait = max(0.0, at - time.monotonic())
             out += f" (attempt {failures} failed; retrying in {wait:.0f} s)"
         return out
 
     # ---- online updates --------------------------------------------------------------------
     async def observe(self, cols: CompletedColumns) -> list[str]:
-        """Feed completions to every loaded, healthy arm and, if no update failed, to the replay
-        log; returns the arms fed. Batches up to ``inline_rows`` are applied in place; larger
+        """Feed completions to every loaded, healthy slot and, if no update failed, to the replay
+        log; returns the slots fed. Batches up to ``inline_rows`` are applied in place; larger
         ones to a copy of the model in a worker thread, swapped in once complete, so
         predictions go on meanwhile (answered by the model before the batch)."""
         async with self._observe_lock:
             batch = completed_batch(cols)
-            fed = [arm for arm in self.arms if arm not in self.broken]
-            for arm in list(fed):
-                current = self.arms[arm]
+            fed = [slot for slot in self.slots if slot not in self.broken]
+            for slot in list(fed):
+                current = self.slots[slot]
                 try:
                     if cols.size <= self.inline_rows:
                         with self.lock:
                             current.estimator.observe(batch)
                     else:
                         updated = await anyio.to_thread.run_sync(self._updated, current, batch)
-                        self.arms = {**self.arms, arm: updated}
+                        self.slots = {**self.slots, slot: updated}
                 except Exception as exc:
-                    self._mark_broken(arm, f"an update raised {type(exc).__name__}: {exc}")
-                    fed.remove(arm)
-            if all(arm not in self.broken for arm in self.arms):
-                self.log.add(cols)
+                    self._mark_broken(slot, f"an update raised {type(exc).__name__}: {exc}")
+                    fed.remove(slot)
+            if all(slot not in self.broken for slot in self.slots):
+                self.log.add(batch)
             return fed
 
     def _updated(self, model: LoadedModel, batch: CompletedBatch) -> LoadedModel:
@@ -322,106 +279,68 @@ class ModelSlots:
         return dataclasses.replace(model, estimator=estimator)
 
     # ---- loading ---------------------------------------------------------------------------
-    async def reload(self, arm: str | None = None, *, force: bool = False) -> list[ReloadOutcome]:
+    async def reload(self, slot: str | None = None, *, force: bool = False) -> list[ReloadOutcome]:
         """Re-resolve the configured URIs and swap in versions that changed (all with ``force``)."""
-        arms = [a for a in ([arm] if arm is not None else list(self.uris)) if a in self.uris]
+        slots = [a for a in ([slot] if slot is not None else list(self.uris)) if a in self.uris]
         async with self._reload_lock:
-            return list(await asyncio.gather(*(self._reload_one(a, force) for a in arms)))
+            return list(await asyncio.gather(*(self._reload_one(a, force) for a in slots)))
 
     async def load_until_ready(self, longest_wait_s: float = 60.0) -> None:
-        """Load every arm; retry the ones that fail with exponential back-off (1 s, 2 s, ...,
+        """Load every slot; retry the ones that fail with exponential back-off (1 s, 2 s, ...,
         ``longest_wait_s``) until each has a model."""
         await self.reload(force=True)
         failures = 0
-        while missing := [a for a in self.uris if a not in self.arms]:
+        while missing := [a for a in self.uris if a not in self.slots]:
             failures += 1
             wait = min(2.0 ** (failures - 1), longest_wait_s)
-            for arm in missing:
-                self.retry[arm] = (failures, time.monotonic() + wait)
+            for slot in missing:
+                self.retry[slot] = (failures, time.monotonic() + wait)
             await asyncio.sleep(wait)
-            for arm in missing:
-                if arm not in self.arms:
-                    await self.reload(arm, force=True)
+            for slot in missing:
+                if slot not in self.slots:
+                    await self.reload(slot, force=True)
         self.retry.clear()
 
-    async def _reload_one(self, arm: str, force: bool) -> ReloadOutcome:
-        outcome = await self._load_arm(arm, force)
+    async def _reload_one(self, slot: str, force: bool) -> ReloadOutcome:
+        outcome = await self._load_slot(slot, force)
         if self.on_outcome is not None:  # in step with the state /readyz reads
             self.on_outcome(outcome)
         return outcome
 
-    async def _load_arm(self, arm: str, force: bool) -> ReloadOutcome:
-        current = self.arms.get(arm)
-        before = current.version if current else None
-        unchanged = ReloadOutcome(arm=arm, previous_version=before, version=before, changed=False)
-        try:
-            fresh = await anyio.to_thread.run_sync(self._prepare, arm, before, force)
-            if fresh is None:
-                return unchanged
-            seen = self.log.total
-            fresh = await anyio.to_thread.run_sync(self._replayed, fresh, self.log.batch())
-        except Exception as exc:  # a bad artifact or registry outage must not kill the server
-            self.errors[arm] = f"{type(exc).__name__}: {exc}"
-            log.error("loading model %s from %s failed: %s", arm, self.uris[arm], exc)
-            return unchanged.model_copy(update={"error": self.errors[arm]})
-        async with self._observe_lock:  # completions that came in meanwhile, then the swap
-            late = self.log.since(seen)
-            if late.size:
-                fresh.estimator.observe(late)
-            self._install(fresh)
-        return unchanged.model_copy(update={"version": fresh.version, "changed": True})
-
-    def _prepare(self, arm: str, current: str | None, force: bool) -> LoadedModel | None:
-        """Fetch the version ``uri`` names (None: unchanged) and check its health."""
-        fetched = fetch(self.uris[arm], current, force)
-        if fetched is None:
-            return None
-        resolved, estimator = fetched
-        estimator.check_fitted()
-        if self.after_load is not None:
-            self.after_load()
-        problem = health_problem(estimator)
-        if problem is not None:
-            raise UnhealthyModel(f"version {resolved.version} fails its health check: {problem}")
-        stamp = datetime.now(UTC).isoformat(timespec="seconds")
-        return LoadedModel(arm, resolved, estimator, stamp)
-
-    def _replayed(self, fresh: LoadedModel, replay: CompletedBatch) -> LoadedModel:
-        """``fresh`` after the replay log, or as loaded if the replay fails or leaves it
-        unhealthy: a replay never breaks a model that was sound (runs in a worker thread, on
-        a model no call uses yet)."""
-        if not replay.size:
-            return fresh
-        trial = copy.deepcopy(fresh.estimator)
-        try:
-            trial.observe(replay)
-            problem = health_problem(trial)
-        except Exception as exc:
-            problem = f"{type(exc).__name__}: {exc}"
-        if problem is None:
-            return LoadedModel(fresh.arm, fresh.resolved, trial, fresh.loaded_at)
-        log.error(
-            "model %s: replaying %d completions failed (%s); serving it without them",
-            fresh.arm,
-            replay.size,
-            problem,
+    async def _load_slot(self, slot: str, force: bool) -> ReloadOutcome:
+        current = self.slots.get(slot)
+        outcome = await renew(
+            slot,
+            self.uris[slot],
+            current.version if current else None,
+            force=force,
+            recent=self.log,
+            install=lambda resolved, est: self._install(LoadedModel(slot, resolved, est, _now())),
+            lock=self._observe_lock,
+            after_load=self.after_load,
         )
-        return fresh
+        if outcome.error is not None:
+            self.errors[slot] = outcome.error
+        return outcome
 
     def _install(self, fresh: LoadedModel) -> None:
-        old = self.arms.get(fresh.arm)
-        self.arms = dict(sorted({**self.arms, fresh.arm: fresh}.items()))
-        self.errors.pop(fresh.arm, None)
-        self.broken.pop(fresh.arm, None)
+        old = self.slots.get(fresh.slot)
+        self.slots = dict(sorted({**self.slots, fresh.slot: fresh}.items()))
+        self.errors.pop(fresh.slot, None)
+        self.broken.pop(fresh.slot, None)
         if self.on_swap is not None:
-            self.on_swap(fresh.arm, old, fresh)
+            self.on_swap(fresh.slot, old, fresh)
         log.info(
             "model %s: %s version %s (%s) is serving",
-            fresh.arm,
+            fresh.slot,
             fresh.resolved.name,
             fresh.version,
             fresh.kind,
         )
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def _jsonable_params(est: CompletionEstimator) -> dict:

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from balanceroute.features.constants import MAX_HORIZON
 from balanceroute.features.limits import input_limits
+from balanceroute.serving.lifecycle.renew import ReloadOutcome
 from balanceroute.serving.service.settings import MAX_REQUESTS, MAX_ROUTE_CELLS
 
 LIMITS = input_limits()
@@ -120,16 +121,29 @@ class PoolRequestIn(BaseModel):
 
 
 class ReloadRequest(BaseModel):
-    """``POST /v1/admin/reload``: which arm (default all), and whether to reload unchanged ones."""
+    """``POST /v1/admin/reload``: which model slot (default all), and whether to reload unchanged
+    ones. ``slot`` is the name; ``arm``, its name before, is still accepted."""
 
     model_config = STRICT
 
-    arm: Literal["a", "b"] | None = None
+    slot: Literal["a", "b"] | None = None
+    arm: Literal["a", "b"] | None = Field(default=None, description="the old name of slot")
     force: bool = False
+
+    @model_validator(mode="after")
+    def _one_slot(self) -> ReloadRequest:
+        if self.slot is not None and self.arm is not None and self.slot != self.arm:
+            raise ValueError("slot and arm (its old name) name different slots")
+        return self
+
+    @property
+    def target(self) -> str | None:
+        """The slot asked for (None: all)."""
+        return self.slot if self.slot is not None else self.arm
 
 
 class ModelRef(BaseModel):
-    """The model that answered."""
+    """The model that answered (``arm``: its slot; the field keeps its first name, for clients)."""
 
     arm: str
     name: str
@@ -149,7 +163,8 @@ class PredictResponse(BaseModel):
 
 
 class ObserveResponse(BaseModel):
-    """How many completions were fed, and to which arms."""
+    """How many completions were fed, and to which model slots (``arms``: the field keeps its
+    first name, for clients)."""
 
     observed: int
     arms: list[str]
@@ -174,7 +189,8 @@ class RouteResponse(BaseModel):
 
 
 class ArmInfo(BaseModel):
-    """A loaded model and where it came from."""
+    """A loaded model, its slot (``arm``: the field and the schema keep their first name, for
+    clients) and where it came from."""
 
     arm: str
     uri: str
@@ -192,21 +208,12 @@ class ArmInfo(BaseModel):
 
 
 class ModelsResponse(BaseModel):
-    """Every loaded arm; ``default`` answers calls without a selector."""
+    """Every loaded model slot (``arms``: the field keeps its first name, for clients);
+    ``default`` answers calls without a selector."""
 
     default: str
     arms: list[ArmInfo]
     selectors: list[str]
-
-
-class ReloadOutcome(BaseModel):
-    """What a reload did to one arm."""
-
-    arm: str
-    previous_version: str | None
-    version: str | None
-    changed: bool
-    error: str | None = None
 
 
 class ReloadResponse(BaseModel):

@@ -15,9 +15,9 @@ class ServeSettings(ServiceSettings):
     """Everything ``balanceroute serve`` needs besides :class:`ServiceSettings`."""
 
     model_uri: str = Field(
-        description="arm a: models:/NAME@ALIAS, models:/NAME/VERSION or a local .joblib path"
+        description="model slot a: models:/NAME@ALIAS, models:/NAME/VERSION or a local .joblib path"
     )
-    model_uri_b: str | None = Field(default=None, description="optional arm b, same forms")
+    model_uri_b: str | None = Field(default=None, description="optional model slot b, same forms")
     max_requests: int = Field(
         default=MAX_REQUESTS, ge=1, le=MAX_REQUESTS, description="requests per call at most"
     )
@@ -84,7 +84,7 @@ class ServeSettings(ServiceSettings):
         return None if value == "" else value
 
     def uris(self) -> dict[str, str]:
-        """Configured model URI per arm label."""
+        """Configured model URI per slot label."""
         out = {"a": self.model_uri}
         if self.model_uri_b:
             out["b"] = self.model_uri_b

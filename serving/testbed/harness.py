@@ -6,10 +6,14 @@ and ``benchmarks/perf`` share.
 output in a log file, polls URLs until each answers 200 (failing with the log's tail if the
 process exits or the deadline passes) and stops it by its own pid: ``terminate`` sends SIGTERM
 (servers write their logs and results on it) and kills after a grace period, ``kill`` kills.
+A server that starts children of its own (``mlflow server`` runs gunicorn or uvicorn workers)
+is started with ``group=True`` in a session of its own: the signals then go to its process
+group, so no child outlives it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -70,11 +74,18 @@ class ServerProcess:
         log: Path | None = None,
         env: dict[str, str] | None = None,
         cwd: Path | str | None = None,
+        group: bool = False,
     ) -> None:
         self.log_path = log
+        self.group = group
         self._out = open(log, "wb") if log is not None else subprocess.DEVNULL
         self.proc = subprocess.Popen(
-            list(args), cwd=cwd, env=env, stdout=self._out, stderr=subprocess.STDOUT
+            list(args),
+            cwd=cwd,
+            env=env,
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            start_new_session=group,
         )
         self.pid = self.proc.pid
 
@@ -112,20 +123,30 @@ class ServerProcess:
     def terminate(self, timeout_s: float = 30.0) -> int:
         """SIGTERM, so the server writes its logs; SIGKILL if it has not exited in time."""
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            self._signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 self.kill()
+        if self.group:  # children that outlived their parent
+            self._signal(signal.SIGKILL)
         self.close_log()
         return int(self.proc.returncode or 0)
 
     def kill(self) -> None:
         """SIGKILL, and reap the process."""
-        if self.proc.poll() is None:
-            self.proc.kill()
+        if self.proc.poll() is None or self.group:
+            self._signal(signal.SIGKILL)
             self.proc.wait(timeout=10)
         self.close_log()
+
+    def _signal(self, sig: signal.Signals) -> None:
+        """``sig`` to the process, or to its whole process group (``group``: its own session)."""
+        if not self.group:
+            self.proc.send_signal(sig)
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, sig)
 
     def close_log(self) -> None:
         if not isinstance(self._out, int) and not self._out.closed:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
 from balanceroute.cli import main as balanceroute_main
@@ -17,12 +15,6 @@ def run_cli(args: list[str]) -> int:
         return balanceroute_main(args)
     except SystemExit as exc:
         return int(exc.code or 0)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

@@ -14,8 +14,9 @@ from mlflow import MlflowClient
 
 from balanceroute.predict.base import CompletionEstimator, RunningBatch
 from balanceroute.predict.model_store import load_estimator, load_file
+from balanceroute.serving.testbed.harness import free_port
 from balanceroute.training.train import TrainConfig, estimator_spec
-from tests.training.conftest import PRESET_ARGS, free_port, run_cli
+from tests.training.conftest import PRESET_ARGS, run_cli
 
 MODEL = "completion-predictor"
 

@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
 
 from balanceroute.predict.model_store import load_estimator
-from tests.training.conftest import PRESET_ARGS, free_port, run_cli
+from balanceroute.serving.testbed.harness import ServerProcess, clean_env, free_port
+from tests.training.conftest import PRESET_ARGS, run_cli
 
 pytestmark = pytest.mark.server
 
@@ -23,8 +20,7 @@ pytestmark = pytest.mark.server
 def mlflow_server(tmp_path):
     """An MLflow tracking server with a SQLite store and proxied artifacts; yields its URI."""
     port = free_port()
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    env["MLFLOW_DISABLE_TELEMETRY"] = "true"
+    env = clean_env({"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
     cmd = [
         str(Path(sys.executable).parent / "mlflow"),
         "server",
@@ -34,32 +30,13 @@ def mlflow_server(tmp_path):
         "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
         "--artifacts-destination", str(tmp_path / "server-artifacts"),
     ]  # fmt: skip
-    log = (tmp_path / "server.log").open("w")
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
     uri = f"http://127.0.0.1:{port}"
+    server = ServerProcess(cmd, log=tmp_path / "server.log", env=env, cwd=tmp_path, group=True)
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                with urllib.request.urlopen(f"{uri}/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(
-                    f"mlflow server did not start: {(tmp_path / 'server.log').read_text()[-2000:]}"
-                )
-            time.sleep(0.5)
+        server.wait_ready([f"{uri}/health"], timeout_s=90, poll_s=0.5)
         yield uri
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+        server.terminate(timeout_s=20)
 
 
 def test_train_and_evaluate_against_server(mlflow_server, tmp_path, monkeypatch):

@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
-
 from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import JSONResponse
 
 from balanceroute.features.errors import UserError
+from balanceroute.serving.gateway.reload import RELOAD_FAILED, result_row
 from balanceroute.serving.http.auth import Authorized
 
 router = APIRouter(tags=["admin"], dependencies=[Authorized])
 
 
 @router.post("/admin/reload")
-async def reload(request: Request) -> dict:
-    """Re-resolve every arm's model URI and swap what loads and passes its health check, between
-    two decisions (no request is dropped); a failed load keeps the old model."""
-    results = await request.app.state.gateway.reload()
-    return {"results": [asdict(r) for r in results]}
+async def reload(request: Request) -> JSONResponse:
+    """Re-resolve every arm's model URI and swap what loads, passes its health check and learns
+    the recent completions, between two decisions (no request is dropped); a failed load keeps
+    the old model and the answer is :data:`RELOAD_FAILED`."""
+    outcomes = await request.app.state.gateway.reload()
+    failed = any(o.error for o in outcomes)
+    body = {"results": [result_row(o) for o in outcomes]}
+    return JSONResponse(body, status_code=RELOAD_FAILED if failed else 200)
 
 
 @router.get("/v1/ab")

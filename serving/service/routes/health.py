@@ -29,8 +29,8 @@ async def readyz(store: StoreDep) -> StatusResponse | JSONResponse:
     broken = store.check_health()
     if store.ready:
         return StatusResponse(status="ready")
-    missing = [store.not_ready_reason(arm) for arm in store.uris if arm not in store.arms]
-    failed = any(arm in store.errors for arm in store.uris if arm not in store.arms)
+    missing = [store.not_ready_reason(arm) for arm in store.uris if arm not in store.slots]
+    failed = any(arm in store.errors for arm in store.uris if arm not in store.slots)
     status = "unhealthy" if broken else ("failed" if failed else "loading")
     unhealthy = [store.not_ready_reason(arm) for arm in broken]
     body = StatusResponse(status=status, detail="; ".join(missing + unhealthy))

@@ -15,6 +15,6 @@ async def list_models(store: StoreDep) -> ModelsResponse:
     """Every loaded arm, with the selectors a request may use to pick one."""
     return ModelsResponse(
         default="a",
-        arms=[m.info() for m in store.arms.values()],
+        arms=[m.info() for m in store.slots.values()],
         selectors=store.selectors(),
     )

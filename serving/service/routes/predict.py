@@ -27,7 +27,7 @@ async def predict(request: Request) -> Response:
     svc = services(request)
     inp = decode_predict(await json_body(request), svc.settings.max_requests)
     model = select_model(svc.store, inp.model)
-    request.state.arm = model.arm
+    request.state.arm = model.slot
     svc.metrics.batch_size.labels("/v1/predict").observe(inp.running.size)
     try:
         with svc.store.lock:

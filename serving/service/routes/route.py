@@ -134,7 +134,7 @@ def _decide(
     """The decision with the model; if the model fails on this snapshot, the one without it."""
 
     def guard(policy: BalanceRoutePolicy) -> ProjectionGuard:
-        return guards.for_call(model.arm, req.policy, policy.config, req)
+        return guards.for_call(model.slot, req.policy, policy.config, req)
 
     try:
         return *decide(req, estimator, guard if model is not None else None), model, None
@@ -143,7 +143,7 @@ def _decide(
     except Exception as exc:
         if model is None:
             raise
-        reason = f"model {model.arm} failed: {type(exc).__name__}: {exc}"
+        reason = f"model {model.slot} failed: {type(exc).__name__}: {exc}"
         return *decide(req, prediction_free(horizon)), None, reason
 
 
@@ -202,7 +202,7 @@ def _route(data: Any, svc: Services) -> tuple[RouteResponse, str | None]:
     horizon = lookahead(req)
     check_work(req, horizon, svc.settings)
     model, estimator, fallback = _model_for(req, svc.store, horizon)
-    arm = model.arm if model is not None else None
+    arm = model.slot if model is not None else None
     try:
         admissions, described, model, failed = _decide(req, model, estimator, horizon, svc.guards)
     except InvalidOptions as exc:
@@ -210,9 +210,9 @@ def _route(data: Any, svc: Services) -> tuple[RouteResponse, str | None]:
     except DecisionError as exc:
         raise HTTPException(status_code=500, detail=f"policy '{req.policy}': {exc}") from None
     fallback = fallback or failed
-    used = svc.guards.peek(model.arm, req.policy) if model is not None else None
+    used = svc.guards.peek(model.slot, req.policy) if model is not None else None
     if used is not None:
-        svc.metrics.guarded(model.arm, req.policy, used.stats())
+        svc.metrics.guarded(model.slot, req.policy, used.stats())
     if fallback is not None:
         svc.metrics.fallbacks.labels("/v1/route", "model_unavailable").inc()
     response = RouteResponse(

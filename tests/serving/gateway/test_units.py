@@ -28,6 +28,7 @@ from balanceroute.serving.gateway.settings import GatewaySettings
 from balanceroute.serving.gateway.state import LiveGroup
 from balanceroute.serving.gateway.switchback import Switchback, paired_interval
 from balanceroute.serving.gateway.tokens import PromptCounter, prompt_key
+from balanceroute.serving.lifecycle.recent import RecentCompletions
 
 # ---- the live group -----------------------------------------------------------------------------
 
@@ -437,3 +438,59 @@ def test_every_endpoint_but_the_probes_needs_the_token() -> None:
         assert client.post("/admin/ab", headers=auth).status_code == 409  # no --out folder
         assert client.get("/healthz").status_code == 200
         assert client.get("/readyz").status_code in (200, 503)  # no token needed
+
+
+def test_the_fan_out_teaches_each_arm_every_finished_request_exactly_once() -> None:
+    """BR-H (which teaches its estimator from ``on_complete``, or before its next prediction) and
+    a spy that teaches its own in ``on_complete``: through the one fan-out each arm's model sees
+    each finished request once, in finish order, whichever arm routes; unfinished ones never."""
+
+    async def scenario() -> tuple[dict[str, list[int]], list[int], RecentCompletions]:
+        seen: dict[str, list[int]] = {}
+
+        def recorder(label: str) -> Handle:
+            seen[label] = []
+
+            class R(NoPrediction):
+                learns_online = True
+
+                def observe(self, completions: CompletedBatch) -> None:
+                    seen[label].extend(completions.output_tokens.tolist())
+
+            return Handle(R().fit())
+
+        arms = []
+        for label, router in (("brh", "brh"), ("spy", "count-jsq")):
+            handle = recorder(label)
+            spec = RouterSpec.parse(router)
+            policy = spec.build_policy(handle) if label == "brh" else Spy(handle)
+            arms.append(Arm(label, spec, policy, handle))
+        group = LiveGroup.sized(2, 3, 16)
+        now = [0.0]
+        recent = RecentCompletions(1000)
+        d = Dispatcher(group, arms, Switchback(["brh", "spy"], 0.5, 0.0, 1, 0.0),
+                       GatewayMetrics(), clock=lambda: now[0], recent=recent)  # fmt: skip
+        finished: list[int] = []
+        running: list[int] = []
+        for i in range(80):
+            now[0] = i * 0.05
+            p = group.arrive(10 + i, i + 1, now[0])
+            if p is not None:
+                d.waiter(p)
+            d.decide()
+            running += [q for q in np.flatnonzero(group.running_mask()).tolist()
+                        if q not in running]  # fmt: skip
+            if len(running) >= 3:
+                q = running.pop(0)
+                group.advance(q, 1)
+                learn = i % 7 != 0
+                group.leave(q, 100 + i, learn=learn)
+                if learn:
+                    finished.append(100 + i)
+        d.decide()
+        return seen, finished, recent
+
+    seen, finished, recent = asyncio.run(scenario())
+    assert len(finished) > 40
+    assert seen["brh"] == finished and seen["spy"] == finished
+    assert recent.batch().output_tokens.tolist() == finished

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from balanceroute.features.limits import input_limits
+from balanceroute.serving.lifecycle.recent import RecentCompletions
 from balanceroute.serving.service.decode import CompletedColumns, fast_observe, fast_predict
-from balanceroute.serving.service.models import RecentCompletions
 from balanceroute.serving.service.schemas import ObserveRequest, PredictRequest
 
 ANY = st.one_of(

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from balanceroute.predict.base import Prediction
-from balanceroute.serving.lifecycle import health_problem
+from balanceroute.predict.health import health_problem
 from balanceroute.serving.service.decode import CompletedColumns
 from balanceroute.serving.service.models import ModelSlots
 from tests.serving.service.helpers import load_model
@@ -34,7 +34,7 @@ def test_a_broken_update_is_not_replayed_and_reload_heals(model_dir: Path) -> No
         assert store.ready
         await store.observe(cols([10, 20, 30, 40]))
         assert store.log.total == 4
-        est = store.arms["a"].estimator
+        est = store.slots["a"].estimator
         real = est.observe
 
         def boom(batch):
@@ -54,6 +54,32 @@ def test_a_broken_update_is_not_replayed_and_reload_heals(model_dir: Path) -> No
     asyncio.run(scenario())
 
 
+def test_a_reloaded_model_has_learned_the_recent_completions(model_dir: Path) -> None:
+    from tests.serving.lifecycle.test_renew import UNSEEN_KEY, c_of_the_key
+
+    async def scenario() -> None:
+        store = ModelSlots({"a": str(model_dir / "exactmatch.joblib")})
+        await store.reload(force=True)
+        as_loaded = c_of_the_key(store.slots["a"].estimator)
+        n = 300
+        await store.observe(
+            CompletedColumns(
+                np.full(n, 100, dtype=np.int64),
+                np.full(n, 1500, dtype=np.int64),
+                np.full(n, UNSEEN_KEY, dtype=np.uint64),
+                None,
+            )
+        )
+        learned = c_of_the_key(store.slots["a"].estimator)
+        [outcome] = await store.reload(force=True)
+        assert outcome.changed
+        replayed = c_of_the_key(store.slots["a"].estimator)
+        assert not np.allclose(replayed, as_loaded)
+        np.testing.assert_allclose(replayed, learned)  # the replay taught it what the old one knew
+
+    asyncio.run(scenario())
+
+
 @pytest.mark.parametrize("kind", ["exactmatch", "gbdt", "hazard"])
 def test_an_observe_off_the_loop_equals_one_in_place(model_dir: Path, kind: str) -> None:
     rng = np.random.default_rng(0)
@@ -63,10 +89,10 @@ def test_an_observe_off_the_loop_equals_one_in_place(model_dir: Path, kind: str)
         store = ModelSlots({"a": str(model_dir / f"{kind}.joblib")}, inline_rows=inline)
         await store.reload(force=True)
         await store.observe(cols(outputs))
-        return store.arms["a"].estimator
+        return store.slots["a"].estimator
 
     whole, chunked = asyncio.run(fed(10_000)), asyncio.run(fed(10))
-    from balanceroute.serving.lifecycle import canary_batch
+    from balanceroute.predict.health import canary_batch
 
     a = whole.predict(canary_batch(), survival=True)
     b = chunked.predict(canary_batch(), survival=True)
@@ -95,7 +121,7 @@ def test_readyz_fails_for_an_unhealthy_model(model_dir: Path) -> None:
         store = ModelSlots({"a": str(model_dir / "survival.joblib")})
         await store.reload(force=True)
         assert store.check_health(0.0) == {}
-        store.arms["a"].estimator.predict = lambda batch, survival=False: Prediction(
+        store.slots["a"].estimator.predict = lambda batch, survival=False: Prediction(
             np.full(batch.size, np.nan), np.ones(batch.size)
         )
         assert "a" in store.check_health(0.0) and not store.ready

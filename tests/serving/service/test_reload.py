@@ -68,14 +68,17 @@ def test_reload_swaps_a_changed_file_without_failing_a_call(
     try:
         hammer.wait_calls(20)
         with server.client() as c:
-            same = c.post("/v1/admin/reload").json()["arms"]
+            same_resp = c.post("/v1/admin/reload")
+            same = same_resp.json()["arms"]
             live.write_bytes(b"not a pickle")
-            broken = post(c, "/v1/admin/reload", {"arm": "a"}).json()["arms"][0]
+            broken_resp = post(c, "/v1/admin/reload", {"arm": "a"})
+            broken = broken_resp.json()["arms"][0]
             hammer.wait_calls(10)
             staged = tmp_path / "staged.joblib"
             shutil.copy(model_dir / "exactmatch.joblib", staged)
             os.replace(staged, live)
-            swapped = post(c, "/v1/admin/reload", {"arm": "a"}).json()["arms"]
+            swapped_resp = post(c, "/v1/admin/reload", {"slot": "a"})  # the new name
+            swapped = swapped_resp.json()["arms"]
             hammer.wait_calls(20)
             kind = c.get("/v1/models").json()["arms"][0]["kind"]
             ready = c.get("/readyz").status_code
@@ -86,6 +89,11 @@ def test_reload_swaps_a_changed_file_without_failing_a_call(
         {"arm": "a", "previous_version": old, "version": old, "changed": False, "error": None}
     ]
     assert broken["changed"] is False and broken["version"] == old and broken["error"]
+    assert (same_resp.status_code, broken_resp.status_code, swapped_resp.status_code) == (
+        200,
+        502,  # a failed reload answers non-2xx, the old model serving on
+        200,
+    )
     assert swapped == [
         {"arm": "a", "previous_version": old, "version": new, "changed": True, "error": None}
     ]

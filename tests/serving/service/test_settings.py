@@ -9,9 +9,9 @@ from pydantic import ValidationError
 
 from balanceroute.cli import main as balanceroute_main
 from balanceroute.features.errors import UserError
+from balanceroute.serving.lifecycle.sources import check_uri
 from balanceroute.serving.service.app import create_app
 from balanceroute.serving.service.settings import ServeSettings
-from balanceroute.serving.service.sources import check_uri
 
 
 def test_defaults_listen_on_loopback_without_a_token(monkeypatch) -> None:
@@ -114,3 +114,16 @@ def test_route_options_follow_the_router_configuration() -> None:
     assert set(BalanceRouteOptions.model_fields) == names
     assert BalanceRouteOptions.model_validate({"beta": None}).overrides() == {"beta": None}
     assert BalanceRouteOptions.model_validate({}).overrides() == {}
+
+
+def test_a_reload_names_its_model_slot_by_the_new_name_or_the_old_one() -> None:
+    from pydantic import ValidationError
+
+    from balanceroute.serving.service.schemas import ReloadRequest
+
+    assert ReloadRequest(slot="b").target == "b"
+    assert ReloadRequest(arm="b").target == "b"
+    assert ReloadRequest(slot="a", arm="a").target == "a"
+    assert ReloadRequest().target is None
+    with pytest.raises(ValidationError, match="different slots"):
+        ReloadRequest(slot="a", arm="b")

@@ -6,7 +6,7 @@ artifacts are pickles and loading one runs code:
 - ``models:/NAME@ALIAS`` or ``models:/NAME/VERSION``: the MLflow registry that
   ``MLFLOW_TRACKING_URI`` names. The alias is resolved to a version and that exact version is
   loaded, so what is served and what is reported agree; the version's run gives the training
-  metrics and parameters. This runs in a child process (``python -m balanceroute.serving.service.fetch``)
+  metrics and parameters. This runs in a child process (``python -m balanceroute.serving.lifecycle.fetch``)
   that hands the native estimator back as a joblib file: importing MLflow would weigh on the
   server for good, the child costs a few seconds per (re)load, off the request path.
 - a local ``.joblib`` file (``save_estimator``): its version is a digest of the bytes,
@@ -84,7 +84,7 @@ def fetch(
 def _fetch_registry(uri: str, current: str | None) -> tuple[Resolved, CompletionEstimator] | None:
     with tempfile.TemporaryDirectory(prefix="balanceroute-fetch-") as tmp:
         out = Path(tmp) / "estimator.joblib"
-        args = [sys.executable, "-m", "balanceroute.serving.service.fetch", uri, str(out)]
+        args = [sys.executable, "-m", "balanceroute.serving.lifecycle.fetch", uri, str(out)]
         if current is not None:
             args += ["--current", current]
         try:
@@ -151,5 +151,5 @@ def _of_kind(values: dict[str, Any], kind: str | None) -> dict[str, Any]:
 
 
 def describe(resolved: Resolved, changed: bool) -> str:
-    """The JSON line ``serving.fetch`` prints for the parent."""
+    """The JSON line ``serving.lifecycle.fetch`` prints for the parent."""
     return json.dumps({**asdict(resolved), "changed": changed})

@@ -1,6 +1,6 @@
-"""``python -m balanceroute.serving.service.fetch URI OUT [--current VERSION]``: a registry model for the server.
+"""``python -m balanceroute.serving.lifecycle.fetch URI OUT [--current VERSION]``: a registry model for the server.
 
-Run by :mod:`serving.service.sources` in a child process so that MLflow never enters the server: resolves
+Run by :mod:`.sources` in a child process so that MLflow never enters the server: resolves
 ``URI`` (``models:/NAME@ALIAS`` or ``models:/NAME/VERSION``) to a version and prints one JSON
 line describing it; unless that version is ``--current``, loads exactly that version with
 ``balanceroute.predict.model_store.load_estimator`` and writes the native estimator to ``OUT`` with joblib.
@@ -15,13 +15,13 @@ import sys
 
 from balanceroute.features.errors import UserError
 from balanceroute.predict.model_store import load_estimator, save_estimator
-from balanceroute.serving.service.sources import describe, resolve_registry
+from balanceroute.serving.lifecycle.sources import describe, resolve_registry
 
 
 def main(argv: list[str] | None = None) -> int:
     """Resolve, load if changed, write; the parent reads the last stdout line."""
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    p = argparse.ArgumentParser(prog="python -m balanceroute.serving.service.fetch")
+    p = argparse.ArgumentParser(prog="python -m balanceroute.serving.lifecycle.fetch")
     p.add_argument("uri")
     p.add_argument("out")
     p.add_argument("--current", help="version already served: resolve only")

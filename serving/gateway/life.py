@@ -155,10 +155,17 @@ class RequestLife:
         gw.switchback.tokens(new, now)
 
     def finished(
-        self, rank: int, first_t: float, last_t: float, tokens: int, prompt: int, now: float
+        self,
+        rank: int,
+        first_t: float,
+        last_t: float,
+        tokens: int,
+        prompt: int,
+        now: float,
+        finish_reason: str | None = None,
     ) -> None:
-        """The rank answered in full: metrics, the completion log, and the slot leaves the
-        group with its estimators taught."""
+        """The rank answered in full (``finish_reason`` its last one, never ``abort``): metrics,
+        the completion log, and the slot leaves the group with its estimators taught."""
         gw, req = self.gw, self.req
         ttft = first_t - req.arrival
         tpot = (last_t - first_t) / (tokens - 1) if tokens > 1 else None
@@ -169,7 +176,7 @@ class RequestLife:
             gw.switchback.finished(tpot, now)
         gw.metrics.outcomes.labels("completed").inc()
         gw.log.add(req.request_id, req.arrival_epoch, prompt, tokens, req.prompt_key, rank, arm,
-                   req.queue_s, time.time())  # fmt: skip
+                   req.queue_s, time.time(), finish_reason)  # fmt: skip
         req.finished = True
         gw.dispatcher.forget(req.position)
         gw.group.leave(req.position, tokens, learn=True)

@@ -13,7 +13,12 @@ Faults. Until the first token has been relayed the client has seen nothing, so a
 fails then (connection refused or broken, a 5xx or 429 answer, the stream ending early) is taken
 out of rotation and the request goes back to the head of the pool, to be routed again (at most
 ``max_attempts`` ranks); a rank's 4xx is the client's answer and is relayed. After the first
-token the client gets an SSE error event and ``[DONE]``. A client that disconnects cancels the
+token the client gets an SSE error event and ``[DONE]``. A rank that aborts the request
+(``finish_reason`` ``abort``: vLLM stopping gracefully) before its first token is a failed rank
+too (re-routed); after it, the client gets the stream as the rank ended it, and the request is
+counted ``aborted``, kept out of the completion log (its length is not the request's). A
+non-streaming client gets every field the rank sent (:mod:`balanceroute.serving.openai.assemble`),
+and every answer carries ``x-request-id``. A client that disconnects cancels the
 upstream request (its connection is closed, which aborts it on the rank) and frees the slot.
 """
 
@@ -31,7 +36,8 @@ from starlette.types import Receive, Scope, Send
 
 from balanceroute.serving.gateway.life import LiveRequest, RequestLife
 from balanceroute.serving.gateway.runtime import Gateway
-from balanceroute.serving.openai.responses import error_body, whole_answer, whole_choice
+from balanceroute.serving.openai.assemble import Assembler
+from balanceroute.serving.openai.responses import error_body
 from balanceroute.serving.openai.sse import (
     DONE,
     DONE_PAYLOAD,
@@ -42,6 +48,7 @@ from balanceroute.serving.openai.sse import (
 )
 
 RETRY, FINISHED = "retry", "finished"
+ABORT = "abort"  # vLLM's finish_reason for a request the engine stopped (shutdown, abort)
 
 
 class UpstreamBroke(Exception):
@@ -60,11 +67,8 @@ class Stream:
     last_t: float | None = None
     done: bool = False
     held: list[bytes] = field(default_factory=list)  # events not yet relayed
-    texts: dict[int, list[str]] = field(default_factory=dict)  # non-streaming clients
-    reasons: dict[int, str | None] = field(default_factory=dict)
+    whole: Assembler | None = None  # non-streaming clients: the answer being folded
     model: str | None = None
-    rid: str | None = None
-    created: int | None = None
 
     @property
     def tokens(self) -> int:
@@ -123,7 +127,7 @@ class Relay(Response):
             if not life.requeued(rank, last=attempt + 1 == attempts):
                 break
         life.abandoned("failed")
-        await _send_error(
+        await self._send_error(
             send, 502, f"no rank could serve the request after {attempt + 1} attempts"
         )
 
@@ -132,7 +136,7 @@ class Relay(Response):
         the client and the rank failed)."""
         life = self.life
         url, headers = life.forwarded(rank)
-        st = Stream()
+        st = Stream(whole=None if self.req.stream else Assembler(self.req.chat))
         try:
             async with life.session.post(url, data=body, headers=headers) as resp:
                 if resp.status != 200:
@@ -142,7 +146,7 @@ class Relay(Response):
                         return RETRY
                     life.abandoned("rank_refused")
                     kind = resp.headers.get("content-type", "application/json")
-                    await _send_whole(send, resp.status, content, kind)
+                    await self._send_whole(send, resp.status, content, kind)
                     return FINISHED
                 await self._relay(resp, st, send)
         except (aiohttp.ClientError, OSError, TimeoutError, UpstreamBroke) as exc:
@@ -154,7 +158,7 @@ class Relay(Response):
             if self.started:
                 await _send_event_error(send, message)
             else:
-                await _send_error(send, 502, message)
+                await self._send_error(send, 502, message)
             return FINISHED
         await self._finish(rank, st, send)
         return FINISHED
@@ -210,8 +214,12 @@ class Relay(Response):
             raise UpstreamBroke(f"error event: {str(obj['error'])[:200]}")
         usage = obj.get("usage")
         choices = obj.get("choices") or []
+        if st.first_t is None and any(c.get("finish_reason") == ABORT for c in choices):
+            raise UpstreamBroke("the rank aborted the request before its first token")
         if st.model is None:
-            st.model, st.rid, st.created = obj.get("model"), obj.get("id"), obj.get("created")
+            st.model = obj.get("model")
+        if st.whole is not None:
+            st.whole.add(obj)
         for choice in choices:
             piece = token_text(choice)
             if piece is not None:
@@ -219,12 +227,9 @@ class Relay(Response):
                 if st.first_t is None:
                     st.first_t = now
                 st.last_t = now
-                if not self.req.stream:
-                    st.texts.setdefault(choice.get("index", 0), []).append(piece)
             reason = choice.get("finish_reason")
             if reason is not None:
                 st.finish_reason = reason
-                st.reasons[choice.get("index", 0)] = reason
         if usage:
             st.usage_completion = int(usage.get("completion_tokens") or 0)
             st.usage_prompt = int(usage.get("prompt_tokens") or 0)
@@ -241,10 +246,7 @@ class Relay(Response):
         self.life.progress(st.tokens, new, st.usage_prompt, now)
 
     async def _start_stream(self, send: Send, st: Stream) -> None:
-        headers = [
-            *SSE_HEADERS,
-            (b"x-request-id", self.req.request_id.encode("latin-1", "replace")),
-        ]
+        headers = [*SSE_HEADERS, self._rid_header()]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         self.started = True
         body, st.held = b"".join(st.held), []
@@ -258,26 +260,36 @@ class Relay(Response):
             st.first_t = st.last_t = now
         tokens = max(1, st.tokens)
         prompt = st.usage_prompt if st.usage_prompt > 0 else req.prompt_tokens
-        self.life.finished(rank, st.first_t, st.last_t, tokens, prompt, now)  # type: ignore[arg-type]
+        if st.finish_reason == ABORT:  # cut short by the rank: not a completion to learn from
+            self.life.abandoned("aborted")
+        else:
+            self.life.finished(rank, st.first_t, st.last_t, tokens, prompt, now,  # type: ignore[arg-type]
+                               st.finish_reason)  # fmt: skip
         if req.stream:
             if not self.started:
                 await self._start_stream(send, st)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             return
-        await _send_whole(
-            send, 200, orjson.dumps(self._assembled(st, prompt, tokens)), "application/json"
-        )
+        assert st.whole is not None
+        rid = f"{'chatcmpl' if req.chat else 'cmpl'}-{req.request_id}"
+        answer = st.whole.answer(prompt, tokens, rid, int(time.time()))
+        await self._send_whole(send, 200, orjson.dumps(answer), "application/json")
 
-    def _assembled(self, st: Stream, prompt: int, tokens: int) -> dict[str, Any]:
-        """The non-streaming answer from the streamed chunks."""
-        chat = self.req.chat
-        choices = [
-            whole_choice(chat, index, "".join(st.texts.get(index, [])), st.reasons.get(index))
-            for index in sorted(set(st.texts) | set(st.reasons))
+    def _rid_header(self) -> tuple[bytes, bytes]:
+        return b"x-request-id", self.req.request_id.encode("latin-1", "replace")
+
+    async def _send_whole(self, send: Send, status: int, body: bytes, content_type: str) -> None:
+        """A whole answer (not a stream), with the request's ``x-request-id``."""
+        headers = [
+            (b"content-type", content_type.encode("latin-1")),
+            (b"content-length", str(len(body)).encode()),
+            self._rid_header(),
         ]
-        rid = st.rid or f"{'chatcmpl' if chat else 'cmpl'}-{self.req.request_id}"
-        created = st.created or int(time.time())
-        return whole_answer(chat, rid, created, st.model, choices, prompt, tokens)
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _send_error(self, send: Send, status: int, message: str) -> None:
+        await self._send_whole(send, status, error_body(status, message), "application/json")
 
 
 async def _disconnected(receive: Receive) -> None:
@@ -285,19 +297,6 @@ async def _disconnected(receive: Receive) -> None:
         message = await receive()
         if message["type"] == "http.disconnect":
             return
-
-
-async def _send_whole(send: Send, status: int, body: bytes, content_type: str) -> None:
-    headers = [
-        (b"content-type", content_type.encode("latin-1")),
-        (b"content-length", str(len(body)).encode()),
-    ]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def _send_error(send: Send, status: int, message: str) -> None:
-    await _send_whole(send, status, error_body(status, message), "application/json")
 
 
 async def _send_event_error(send: Send, message: str) -> None:

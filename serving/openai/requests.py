@@ -9,8 +9,10 @@ take of them.
   reads are checked (anything else passes through to the rank unchanged, which has the last word
   on sampling options): one prompt (text, token ids, or chat messages), ``n = 1`` (one request is
   one sequence on one rank), ``stream`` and ``stream_options`` of the right types, ``max_tokens``
-  at least 1. A body that fails gets a 422 listing each error as ``{"loc", "msg", "type"}``, as
-  ``serve`` answers.
+  at least 1, ``stream_options`` only with ``stream: true`` (as vLLM). A body that fails gets
+  vLLM's 400 ``BadRequestError`` naming each bad field (:mod:`balanceroute.serving.gateway.errors`);
+  ``n > 1`` and batch prompts are refused so, with the reason (the gateway routes one sequence a
+  request; send several requests).
 """
 
 from __future__ import annotations
@@ -139,8 +141,19 @@ class _PassCommon(BaseModel):
     model: StrictStr | None = None
     stream: StrictBool = False
     stream_options: PassStreamOptions | None = None
-    n: StrictInt = Field(default=1, ge=1, le=1, description="one sequence a request")
+    n: StrictInt = Field(default=1, ge=1, description="one sequence a request")
     max_tokens: StrictInt | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _one_sequence(self) -> _PassCommon:
+        if self.n != 1:
+            raise ValueError(
+                f"n = {self.n}: the gateway routes one sequence a request (one request is one "
+                "sequence on one rank); send n separate requests"
+            )
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("Stream options can only be defined when `stream=True`.")
+        return self
 
 
 class CompletionBody(_PassCommon):
@@ -152,7 +165,10 @@ class CompletionBody(_PassCommon):
     def _one_prompt(self) -> CompletionBody:
         batch = prompt_batch(self.prompt)
         if len(batch) != 1:
-            raise ValueError(f"the gateway routes one prompt a request, got a batch of {len(batch)}")
+            raise ValueError(
+                f"a batch of {len(batch)} prompts: the gateway routes one prompt a request (one "
+                "request is one sequence on one rank); send one request a prompt"
+            )
         if not batch[0]:
             raise ValueError("the prompt is empty")
         return self

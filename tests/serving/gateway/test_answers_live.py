@@ -1,0 +1,164 @@
+"""Issue 18, live: the gateway answers as a vLLM client expects (vLLM's error body and statuses,
+every field of a non-streaming answer, ``x-request-id`` both ways) and keeps its completion log
+clean (``finish_reason`` recorded, aborted streams left out, an abort before the first token
+re-routed). Real processes on 127.0.0.1: the emulator, a small fake vLLM rank, the gateway."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import httpx
+import orjson
+import pandas as pd
+import pytest
+
+from balanceroute.serving.testbed.bench.client import RequestRecord, stream_request
+from tests.serving.gateway.fake_ranks import FakeRank
+from tests.serving.gateway.helpers import GatewayProcess
+from tests.serving.testbed.helpers import Emulator
+
+pytestmark = pytest.mark.server
+ERROR_KEYS = {"message", "type", "param", "code"}
+TOKEN = "answers-test-token-0123456789"
+
+
+def error_of(resp: httpx.Response) -> dict[str, Any]:
+    """The ``error`` object of vLLM's error body (AssertionError otherwise)."""
+    err = resp.json().get("error")
+    assert isinstance(err, dict) and set(err) >= ERROR_KEYS, resp.text[:300]
+    assert err["message"] and err["code"] == resp.status_code, resp.text[:300]
+    return err
+
+
+@pytest.fixture(scope="module")
+def emu_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    base = tmp_path_factory.mktemp("answers")
+    emu = Emulator(base / "emu.out", ranks=1, slots=2, time_scale=20.0)
+    gw = None
+    try:
+        gw = GatewayProcess(base / "gw.out", emu.urls, "--slots", "2", "--router", "count-jsq",
+                            env={"BALANCEROUTE_API_TOKEN": TOKEN,
+                                 "BALANCEROUTE_MAX_BODY_BYTES": "2048"})  # fmt: skip
+        yield gw
+    finally:
+        if gw is not None:
+            gw.stop()
+        emu.stop()
+
+
+AUTH = {"authorization": f"Bearer {TOKEN}"}
+BAD = [  # (body, headers, status, words the message names)
+    (b"{not json", {"content-type": "application/json"}, 400, "JSON"),
+    ({"prompt": "a", "max_tokens": "many"}, {}, 400, "max_tokens"),
+    ({"prompt": "a", "max_tokens": -3}, {}, 400, "max_tokens"),
+    ({"max_tokens": 3}, {}, 400, "prompt"),
+    ({"prompt": "a", "n": 2}, {}, 400, "one sequence a request"),
+    ({"prompt": ["a", "b"]}, {}, 400, "a batch of 2 prompts"),
+    ({"prompt": "a", "stream": False, "stream_options": {"include_usage": True}}, {}, 400,
+     "stream=True"),
+    (b'{"prompt": "a"}', {"content-type": "text/plain"}, 400, "JSON"),
+    ({"prompt": "a"}, {"host": "evil.example"}, 400, "Host"),
+    ({"prompt": "a"}, {"origin": "http://evil.example"}, 403, "Origin"),
+    ({"prompt": "word " * 600}, {}, 413, ""),
+]  # fmt: skip
+
+
+def test_every_gateway_error_has_vllms_body(emu_gateway: GatewayProcess) -> None:
+    """Validation (400, not 422), guards, 413 and auth: vLLM's ``{"error": {...}}`` body."""
+    url = emu_gateway.url + "/v1/completions"
+    for body, headers, status, words in BAD:
+        kw: dict[str, Any] = {"content": body} if isinstance(body, bytes) else {"json": body}
+        r = httpx.post(url, headers={**AUTH, **headers}, timeout=30, **kw)
+        assert r.status_code == status, (body, r.text[:300])
+        err = error_of(r)
+        assert words in err["message"], (body, err)
+        if status == 400:
+            assert err["type"] == "BadRequestError"
+    r = httpx.post(url, json={"prompt": "a"}, timeout=30)
+    assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+    assert error_of(r)["message"] == "missing or invalid bearer token"
+
+
+def test_openai_client_gets_bad_request_with_a_message(emu_gateway: GatewayProcess) -> None:
+    """The official client raises BadRequestError (not UnprocessableEntityError) with a message."""
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=emu_gateway.url + "/v1", api_key=TOKEN, max_retries=0,
+                           timeout=30.0)  # fmt: skip
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model="m", prompt="hi", max_tokens=-3)
+    assert caught.value.code == 400 and "max_tokens" in caught.value.message
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> Iterator[FakeRank]:
+    rank = FakeRank(tmp_path / "fake.out")
+    try:
+        yield rank
+    finally:
+        rank.stop()
+
+
+def _whole(url: str, prompt: str, rid: str, **extra: Any) -> httpx.Response:
+    body = {"prompt": prompt, "max_tokens": 4, "stream": False, **extra}
+    return httpx.post(url + "/v1/completions", json=body, headers={"x-request-id": rid},
+                      timeout=30)  # fmt: skip
+
+
+def _stream(url: str, prompt: str, max_tokens: int = 4) -> list[dict[str, Any]]:
+    body = {"prompt": prompt, "max_tokens": max_tokens, "stream": True}
+    r = httpx.post(url + "/v1/completions", json=body, timeout=30)
+    assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]"), r.text[-300:]
+    return [orjson.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+
+
+def test_answers_keep_the_ranks_fields_and_the_log_stays_clean(fake: FakeRank,
+                                                               tmp_path: Path) -> None:  # fmt: skip
+    """Non-streaming answers keep every field; an abort before the first token is re-routed and
+    logged once whole; an abort after it reaches the client but not the completion log."""
+    gw = GatewayProcess(tmp_path / "gw.out", [fake.url], "--slots", "2", "--router", "count-jsq",
+                        "--out", str(tmp_path / "gw"))  # fmt: skip
+    try:
+        r = _whole(gw.url, "hello", "rid-whole", logprobs=1)
+        assert r.status_code == 200 and r.headers["x-request-id"] == "rid-whole", r.text[:300]
+        answer = r.json()
+        assert answer["id"] == "cmpl-rid-whole" and answer["system_fingerprint"] == "fp-fake"
+        [choice] = answer["choices"]
+        assert choice["text"] == " t" * 4 and choice["finish_reason"] == "length"
+        assert choice["token_ids"] == [1, 2, 3, 4] and "stop_reason" in choice
+        assert choice["logprobs"]["tokens"] == [" t"] * 4
+        assert choice["logprobs"]["token_logprobs"] == [-0.5] * 4
+        assert answer["usage"]["completion_tokens"] == 4
+
+        events = _stream(gw.url, "abort-before please")  # the rank aborts it before a token
+        assert [e["choices"][0]["finish_reason"] for e in events][-1] == "length"
+        assert sum(1 for e in events if e["choices"][0]["text"]) == 4
+        events = _stream(gw.url, "abort-mid please", max_tokens=10)  # cut after two tokens
+        assert events[-1]["choices"][0]["finish_reason"] == "abort"
+        assert gw.metric("balanceroute_gateway_requests_total", outcome="aborted") == 1
+        assert gw.metric("balanceroute_gateway_reroutes_total", rank="0") == 1
+    finally:
+        gw.stop()
+    log = pd.concat(pd.read_parquet(p) for p in (tmp_path / "gw" / "completions").glob("*.parquet"))
+    assert len(log) == 2  # the whole answer and the re-routed stream; not the aborted one
+    assert list(log["finish_reason"]) == ["length", "length"]
+    assert list(log["output_tokens"]) == [4, 4]
+
+
+def test_bench_counts_an_aborted_stream_as_failed(fake: FakeRank) -> None:
+    """A stream the rank ended with ``abort`` is not a completed request for ``bench``."""
+
+    async def one(prompt: str) -> RequestRecord:
+        rec = RequestRecord(0)
+        body = orjson.dumps({"prompt": prompt, "max_tokens": 6, "stream": True})
+        async with aiohttp.ClientSession() as session:
+            await stream_request(session, fake.url + "/v1/completions", body,
+                                 {"content-type": "application/json"}, rec, 0.0, 30.0)  # fmt: skip
+        return rec
+
+    whole, cut = asyncio.run(one("fine")), asyncio.run(one("abort-mid"))
+    assert whole.success and whole.finish_reason == "length" and whole.n_tokens == 6
+    assert not cut.success and "abort" in cut.error and cut.n_tokens == 2

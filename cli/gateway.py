@@ -75,6 +75,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--max-pool", type=positive_int, help="waiting requests at most (4096)")
     r.add_argument("--tick", dest="tick_s", type=duration, help="decision tick (10ms)")
     r.add_argument("--max-attempts", type=positive_int, help="ranks a request may try (3)")
+    r.add_argument("--first-token-timeout", dest="first_token_timeout_s", type=duration,
+                   help="first token deadline from forwarding; then re-routed (60s)")  # fmt: skip
+    r.add_argument("--chunk-timeout", dest="chunk_timeout_s", type=duration,
+                   help="deadline between two chunks of a started stream; then ended (30s)")  # fmt: skip
     a = p.add_argument_group("switchback A/B")
     a.add_argument("--arms", help="comma-separated router specs alternated over time windows")
     a.add_argument("--switch-every", dest="switch_every_s", type=duration, help="window (30s)")
@@ -96,6 +100,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 FLAGS = ("ranks", "slots", "rank_header", "group_size", "router", "estimator", "estimator_url",
          "estimator_timeout_s", "history", "tokenizer", "max_pool", "tick_s", "max_attempts",
+         "first_token_timeout_s", "chunk_timeout_s",
          "arms", "switch_every_s", "warmup_s", "seed", "track", "host", "port", "out",
          "health_interval_s", "log_level")  # fmt: skip
 

@@ -2,7 +2,11 @@
 rotation (no free slots, so no admissions) and comes back when it answers 200 again.
 
 A forwarding failure marks its rank suspect at once and checks it without waiting for the next
-round. In header mode the ranks share one upstream: its health is theirs.
+round. A rank that refused the gateway's credentials (401/403: a wrong
+``BALANCEROUTE_UPSTREAM_API_KEY``) looks healthy to ``/health``, which vLLM does not guard, so it
+is checked with ``GET /v1/models`` and the key instead, and stays out, named so in ``/readyz``
+and the log, until it accepts them. In header mode the ranks share one upstream: its health is
+theirs.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 
@@ -38,6 +43,8 @@ class RankHealth:
         self.session: aiohttp.ClientSession | None = None
         self._poke = asyncio.Event()
         self.last_error: dict[int, str] = {}
+        self.refused: dict[int, str] = {}  # ranks that refused the credentials, and why
+        self.auth_headers: Callable[[int], dict[str, Any]] = lambda rank: {}
         for g in range(group.ranks):
             metrics.healthy.labels(str(g)).set(1)
 
@@ -62,16 +69,31 @@ class RankHealth:
         self._set(rank, False, why)
         self._poke.set()
 
+    def refused_credentials(self, rank: int, why: str) -> None:
+        """``rank`` answered 401/403 to a forwarded request: out until it accepts the key."""
+        for g in self._ranks_of(rank):
+            self.refused[g] = why
+        self.suspect(rank, why)
+
     async def check(self, rank: int) -> None:
-        url = self.settings.rank_url(rank) + "/health"
+        refused = self.refused.get(rank)
+        path = "/health" if refused is None else "/v1/models"
+        headers = {} if refused is None else self.auth_headers(rank)
+        url = self.settings.rank_url(rank) + path
         assert self.session is not None
         try:
             timeout = aiohttp.ClientTimeout(total=CHECK_TIMEOUT_S)
-            async with self.session.get(url, timeout=timeout) as resp:
+            async with self.session.get(url, timeout=timeout, headers=headers) as resp:
                 await resp.read()
-                ok, why = resp.status == 200, f"GET /health answered {resp.status}"
+                ok, why = resp.status == 200, f"GET {path} answered {resp.status}"
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            ok, why = False, f"GET /health failed: {type(exc).__name__}: {exc}"
+            ok, why = False, f"GET {path} failed: {type(exc).__name__}: {exc}"
+        if refused is not None:
+            if ok:
+                for g in self._ranks_of(rank):
+                    self.refused.pop(g, None)
+            elif "answered 401" in why or "answered 403" in why:
+                why = refused
         self._set(rank, ok, why)
 
     async def check_all(self) -> None:

@@ -129,6 +129,13 @@ class RequestLife:
         """``rank`` failed the request before it started: out of rotation until it recovers."""
         self.gw.health.suspect(rank, why)
 
+    def rank_refused(self, rank: int, status: int) -> None:
+        """``rank`` refused the gateway's credentials (401/403): out of rotation until it
+        accepts them (passive health: it would look empty and attract everything)."""
+        why = (f"answered {status} to a forwarded request: the rank refuses the gateway's "
+               "credentials (check BALANCEROUTE_UPSTREAM_API_KEY)")  # fmt: skip
+        self.gw.health.refused_credentials(rank, why)
+
     def requeued(self, rank: int, last: bool) -> bool:
         """After a failed attempt on ``rank``: back to the head of the pool (False: no more
         attempts, or no room)."""

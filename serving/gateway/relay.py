@@ -10,10 +10,14 @@ as the rank sent it, event by event. A request's age is the rank's cumulative
 client gets the assembled answer once the stream ends.
 
 Faults. Until the first token has been relayed the client has seen nothing, so a rank that
-fails then (connection refused or broken, a 5xx or 429 answer, the stream ending early) is taken
+fails then (connection refused or broken, a 5xx or 429 answer, a 401/403 refusing the
+gateway's upstream key, the stream ending early) is taken
 out of rotation and the request goes back to the head of the pool, to be routed again (at most
 ``max_attempts`` ranks); a rank's 4xx is the client's answer and is relayed. After the first
-token the client gets an SSE error event and ``[DONE]``. A rank that aborts the request
+token the client gets an SSE error event and ``[DONE]``. Deadlines: a first token within
+``first_token_timeout_s`` of forwarding (else the rank failed: re-routed), and a chunk within
+``chunk_timeout_s`` of the last once the stream started (else an SSE error event and
+``[DONE]``). A rank that aborts the request
 (``finish_reason`` ``abort``: vLLM stopping gracefully) before its first token is a failed rank
 too (re-routed); after it, the client gets the stream as the rank ended it, and the request is
 counted ``aborted``, kept out of the completion log (its length is not the request's). A
@@ -138,23 +142,30 @@ class Relay(Response):
         url, headers = life.forwarded(rank)
         st = Stream(whole=None if self.req.stream else Assembler(self.req.chat))
         try:
-            async with life.session.post(url, data=body, headers=headers) as resp:
+            async with (
+                asyncio.timeout(self.settings.first_token_timeout_s) as deadline,
+                life.session.post(url, data=body, headers=headers) as resp,
+            ):
                 if resp.status != 200:
                     content = await resp.read()
                     if resp.status >= 500 or resp.status == 429:
                         life.rank_failed(rank, f"answered {resp.status}")
                         return RETRY
+                    if resp.status in (401, 403):  # the gateway's key, not the client's fault
+                        life.rank_refused(rank, resp.status)
+                        return RETRY
                     life.abandoned("rank_refused")
                     kind = resp.headers.get("content-type", "application/json")
                     await self._send_whole(send, resp.status, content, kind)
                     return FINISHED
-                await self._relay(resp, st, send)
+                await self._relay(resp, st, send, deadline)
         except (aiohttp.ClientError, OSError, TimeoutError, UpstreamBroke) as exc:
+            why = self._why(exc, st)
             if st.first_t is None:  # the rank produced nothing: known not to have started
-                life.rank_failed(rank, f"{type(exc).__name__}: {exc}")
+                life.rank_failed(rank, why)
                 return RETRY
             life.abandoned("broken")
-            message = f"rank {rank} failed after the first token ({type(exc).__name__})"
+            message = f"rank {rank} failed after the first token ({why})"
             if self.started:
                 await _send_event_error(send, message)
             else:
@@ -163,9 +174,28 @@ class Relay(Response):
         await self._finish(rank, st, send)
         return FINISHED
 
-    async def _relay(self, resp: aiohttp.ClientResponse, st: Stream, send: Send) -> None:
+    @property
+    def settings(self) -> Any:
+        return self.life.gw.settings
+
+    def _why(self, exc: BaseException, st: Stream) -> str:
+        """What went wrong, in words (a deadline names its setting)."""
+        if isinstance(exc, TimeoutError):
+            if st.first_t is None:
+                return (f"no first token within {self.settings.first_token_timeout_s:g} s "
+                        "(--first-token-timeout)")  # fmt: skip
+            return f"no chunk for {self.settings.chunk_timeout_s:g} s (--chunk-timeout)"
+        return f"{type(exc).__name__}: {exc}"
+
+    async def _relay(
+        self, resp: aiohttp.ClientResponse, st: Stream, send: Send, deadline: asyncio.Timeout
+    ) -> None:
         splitter = EventSplitter()
+        loop = asyncio.get_running_loop()
+        chunk_s = self.settings.chunk_timeout_s
         async for data in resp.content.iter_any():
+            if st.first_t is not None:  # started: the next chunk is due within chunk_s
+                deadline.reschedule(loop.time() + chunk_s)
             events = splitter.feed(data)
             if not events:
                 continue
@@ -184,6 +214,8 @@ class Relay(Response):
                     st.held.extend(out)
                     if st.first_t is not None:
                         await self._start_stream(send, st)
+            if st.first_t is not None:
+                deadline.reschedule(loop.time() + chunk_s)
             if st.done:
                 return
         raise UpstreamBroke("the stream ended before data: [DONE]")

@@ -79,6 +79,7 @@ class Gateway:
             self.group, arms, self.switchback, self.metrics, seed=settings.seed, clock=self.clock
         )
         self.health = RankHealth(settings, self.group, self.metrics, self.dispatcher.wake)
+        self.health.auth_headers = lambda rank: self.upstream_headers(rank, "health")
         out = None if settings.out is None else Path(settings.out)
         self.out = out
         self.log = CompletionLog(

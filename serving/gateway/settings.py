@@ -93,6 +93,14 @@ class GatewaySettings(ServiceSettings):
     request_timeout_s: float = Field(
         default=3600.0, gt=0, allow_inf_nan=False, description="upstream request timeout"
     )
+    first_token_timeout_s: float = Field(
+        default=60.0, gt=0, le=3600, allow_inf_nan=False,
+        description="seconds from forwarding to the first token before the rank counts as failed",
+    )  # fmt: skip
+    chunk_timeout_s: float = Field(
+        default=30.0, gt=0, le=3600, allow_inf_nan=False,
+        description="seconds between two chunks of a started stream before it is ended",
+    )  # fmt: skip
     max_attempts: int = Field(
         default=3, ge=1, le=16, description="ranks a request may be sent to before it fails"
     )

@@ -2,7 +2,9 @@
 PORT [--key KEY]``. It streams vLLM's completion chunks (``logprobs`` when asked, ``token_ids``,
 ``stop_reason``, ``system_fingerprint``, the id built from ``x-request-id``) and misbehaves on cue,
 by the prompt: ``abort-before`` (the first such request ends with ``finish_reason`` ``abort``
-before any token, as vLLM does when it stops), ``abort-mid`` (two tokens, then ``abort``)."""
+before any token, as vLLM does when it stops), ``abort-mid`` (two tokens, then ``abort``),
+``hang-before`` (the first such request never sends a token), ``hang-mid`` (two tokens, then
+silence); with ``--key`` every ``/v1`` call without that bearer key is a 401."""
 
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ import orjson
 from aiohttp import web
 
 MODEL = "fake"
-seen = {"abort-before": 0}
+seen = {"abort-before": 0, "hang-before": 0}
+HANG_S = 120.0
 
 
 def _chunk(rid: str, text: str, reason: str | None, n: int, prompt: int, logprobs: int | None,
@@ -47,9 +50,14 @@ async def completions(request: web.Request) -> web.StreamResponse:
         seen["abort-before"] += 1
         await resp.write(_chunk(rid, "", "abort", 0, 3, None, None) + b"data: [DONE]\n\n")
         return resp
+    if "hang-before" in prompt and seen["hang-before"] == 0:
+        seen["hang-before"] += 1
+        await asyncio.sleep(HANG_S)
     cut = 2 if "abort-mid" in prompt else None
     for n in range(1, want + 1):
         await asyncio.sleep(0.005)
+        if "hang-mid" in prompt and n == 3:
+            await asyncio.sleep(HANG_S)
         if cut is not None and n > cut:
             await resp.write(_chunk(rid, "", "abort", n - 1, 3, None, None))
             break
@@ -63,6 +71,9 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def models(request: web.Request) -> web.Response:
+    key = request.app["key"]
+    if key is not None and request.headers.get("authorization") != f"Bearer {key}":
+        return web.json_response({"error": "Unauthorized"}, status=401)
     return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model",
                                                           "created": int(time.time())}]})  # fmt: skip
 

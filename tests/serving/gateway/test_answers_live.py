@@ -6,6 +6,7 @@ re-routed). Real processes on 127.0.0.1: the emulator, a small fake vLLM rank, t
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -162,3 +163,55 @@ def test_bench_counts_an_aborted_stream_as_failed(fake: FakeRank) -> None:
     whole, cut = asyncio.run(one("fine")), asyncio.run(one("abort-mid"))
     assert whole.success and whole.finish_reason == "length" and whole.n_tokens == 6
     assert not cut.success and "abort" in cut.error and cut.n_tokens == 2
+
+
+def test_deadlines_reroute_before_the_first_token_and_end_the_stream_after(
+    fake: FakeRank, tmp_path: Path
+) -> None:
+    """A rank silent before the first token: re-routed after --first-token-timeout; silent
+    after it: an SSE error event naming --chunk-timeout, then ``[DONE]``."""
+    gw = GatewayProcess(tmp_path / "gw.out", [fake.url], "--slots", "2", "--router", "count-jsq",
+                        "--first-token-timeout", "2s", "--chunk-timeout", "2s")  # fmt: skip
+    try:
+        events = _stream(gw.url, "hang-before please")
+        assert events[-1]["choices"][0]["finish_reason"] == "length"
+        assert sum(1 for e in events if e["choices"][0]["text"]) == 4
+        assert gw.metric("balanceroute_gateway_reroutes_total", rank="0") == 1
+        events = _stream(gw.url, "hang-mid please", max_tokens=10)
+        assert sum(1 for e in events if e.get("choices")) == 2
+        assert "--chunk-timeout" in events[-1]["error"]["message"]
+        assert gw.metric("balanceroute_gateway_requests_total", outcome="broken") == 1
+        assert "first-token-timeout" in gw.log()
+    finally:
+        gw.stop()
+
+
+def test_a_rank_refusing_the_key_leaves_the_rotation_and_none_left_is_503(tmp_path: Path) -> None:
+    """A rank answering 401 (the gateway's key is wrong) is out, named so, and attracts nothing;
+    with no rank in rotation a request gets a 503 with Retry-After at once."""
+    locked = FakeRank(tmp_path / "locked.out", "--key", "right-key")
+    good = FakeRank(tmp_path / "good.out")
+    gw = None
+    try:
+        gw = GatewayProcess(tmp_path / "gw.out", [locked.url, good.url], "--slots", "2",
+                            "--router", "count-jsq",
+                            env={"BALANCEROUTE_UPSTREAM_API_KEY": "wrong-key"})  # fmt: skip
+        for i in range(6):
+            events = _stream(gw.url, f"hello {i}")
+            assert events[-1]["choices"][0]["finish_reason"] == "length"
+        assert gw.metric("balanceroute_gateway_rank_healthy", rank="0") == 0
+        assert gw.metric("balanceroute_gateway_reroutes_total", rank="0") == 1  # once only
+        assert "credentials" in gw.get("/readyz").json()["detail"]
+        good.stop()
+        deadline = time.monotonic() + 20
+        while gw.get("/readyz").status_code != 503:
+            assert time.monotonic() < deadline, gw.get("/readyz").text
+            time.sleep(0.1)
+        r = httpx.post(gw.url + "/v1/completions", json={"prompt": "x"}, timeout=10)
+        assert r.status_code == 503 and r.headers["retry-after"] == "1"
+        assert "credentials" in error_of(r)["message"]
+    finally:
+        if gw is not None:
+            gw.stop()
+        locked.stop()
+        good.stop()

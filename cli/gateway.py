@@ -94,6 +94,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument(
         "--health-interval", dest="health_interval_s", type=duration, help="health checks (1s)"
     )
+    s.add_argument("--health-fall", type=positive_int,
+                   help="failed health checks in a row that take a rank out (3)")  # fmt: skip
+    s.add_argument("--health-rise", type=positive_int,
+                   help="good health checks in a row that bring it back (2)")  # fmt: skip
     s.add_argument("--log-level", help="log level (info)")
     p.set_defaults(func=cmd_gateway)
 
@@ -102,7 +106,7 @@ FLAGS = ("ranks", "slots", "rank_header", "group_size", "router", "estimator", "
          "estimator_timeout_s", "history", "tokenizer", "max_pool", "tick_s", "max_attempts",
          "first_token_timeout_s", "chunk_timeout_s",
          "arms", "switch_every_s", "warmup_s", "seed", "track", "host", "port", "out",
-         "health_interval_s", "log_level")  # fmt: skip
+         "health_interval_s", "health_fall", "health_rise", "log_level")  # fmt: skip
 
 
 def settings_from_args(args: argparse.Namespace) -> GatewaySettings:

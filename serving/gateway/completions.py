@@ -7,8 +7,8 @@ canonical columns, what ``balanceroute train --trace DIR/completions`` reads as 
 names of :mod:`balanceroute.features.columns`), ``finish_s`` and ``finish_reason`` (the rank's:
 ``length``, ``stop``; a request the rank aborted or that failed is never logged, so the log
 holds only whole outputs, what the estimators may learn from). Rows are buffered and a part is written whole, atomically,
-once the buffer holds about ``rotate_bytes`` or its oldest row is ``rotate_s`` old, and at
-shutdown. ``arrival_s`` counts seconds from the log's origin, kept in ``DIR/completions/log.json``
+once the buffer holds about ``rotate_bytes`` or its oldest row is ``rotate_s`` old (10 s, checked
+every second), and at shutdown: a SIGKILL loses at most the last ``rotate_s`` + 1 s of rows. ``arrival_s`` counts seconds from the log's origin, kept in ``DIR/completions/log.json``
 so the parts of several gateway runs into one folder share one clock (the loaders bound arrival
 times, so epoch seconds would not do).
 """

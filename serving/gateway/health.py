@@ -1,5 +1,7 @@
-"""Rank health: ``GET /health`` of every rank on an interval; a rank that fails leaves the
-rotation (no free slots, so no admissions) and comes back when it answers 200 again.
+"""Rank health: ``GET /health`` of every rank on an interval; a rank that fails
+``health_fall`` checks in a row (3) leaves the rotation (no free slots, so no admissions) and
+comes back after ``health_rise`` good answers in a row (2), so one slow or missed probe (an
+overloaded engine) never takes a rank, or every rank, out.
 
 A forwarding failure marks its rank suspect at once and checks it without waiting for the next
 round. A rank that refused the gateway's credentials (401/403: a wrong
@@ -45,6 +47,8 @@ class RankHealth:
         self.last_error: dict[int, str] = {}
         self.refused: dict[int, str] = {}  # ranks that refused the credentials, and why
         self.auth_headers: Callable[[int], dict[str, Any]] = lambda rank: {}
+        self.fails = [0] * group.ranks  # failed checks in a row
+        self.passes = [0] * group.ranks  # good checks in a row
         for g in range(group.ranks):
             metrics.healthy.labels(str(g)).set(1)
 
@@ -64,8 +68,25 @@ class RankHealth:
                 log.warning("rank %d left the rotation: %s", g, why)
                 self.last_error[g] = why
 
+    def _probed(self, rank: int, ok: bool, why: str) -> None:
+        """One check's result, applied with hysteresis (module docstring)."""
+        in_rotation = bool(self.group.healthy[rank])
+        if ok:
+            self.fails[rank], self.passes[rank] = 0, self.passes[rank] + 1
+            if not in_rotation and self.passes[rank] >= self.settings.health_rise:
+                self._set(rank, True)
+            return
+        self.fails[rank], self.passes[rank] = self.fails[rank] + 1, 0
+        if in_rotation and self.fails[rank] >= self.settings.health_fall:
+            self._set(rank, False, f"{why} ({self.fails[rank]} checks in a row)")
+        elif not in_rotation:
+            for g in self._ranks_of(rank):
+                self.last_error[g] = why
+
     def suspect(self, rank: int, why: str) -> None:
-        """A forwarding failure: out of rotation now, checked again at once."""
+        """A forwarding failure: out of rotation now (it is evidence, not a probe), checked
+        again at once; back after ``health_rise`` good checks."""
+        self.passes[rank] = 0
         self._set(rank, False, why)
         self._poke.set()
 
@@ -94,7 +115,7 @@ class RankHealth:
                     self.refused.pop(g, None)
             elif "answered 401" in why or "answered 403" in why:
                 why = refused
-        self._set(rank, ok, why)
+        self._probed(rank, ok, why)
 
     async def check_all(self) -> None:
         ranks = [0] if self.settings.rank_header is not None else range(self.group.ranks)

@@ -87,6 +87,12 @@ class GatewaySettings(ServiceSettings):
     health_interval_s: float = Field(
         default=1.0, gt=0, le=60, allow_inf_nan=False, description="seconds between health checks"
     )
+    health_fall: int = Field(
+        default=3, ge=1, le=100, description="failed health checks in a row that take a rank out"
+    )
+    health_rise: int = Field(
+        default=2, ge=1, le=100, description="good health checks in a row that bring it back"
+    )
     connect_timeout_s: float = Field(
         default=5.0, gt=0, le=60, allow_inf_nan=False, description="upstream connect timeout"
     )
@@ -111,8 +117,9 @@ class GatewaySettings(ServiceSettings):
         default=8 * 1024 * 1024, ge=1024, description="completion-log part size in memory"
     )
     rotate_s: float = Field(
-        default=300.0, gt=0, allow_inf_nan=False, description="completion-log part age at most"
-    )
+        default=10.0, gt=0, allow_inf_nan=False,
+        description="completion-log part age at most: what a SIGKILL can lose (s)",
+    )  # fmt: skip
     track: bool = Field(default=True, description="log the switchback to MLflow at shutdown")
 
     @field_validator("rank_header", "estimator", "estimator_url", "history", "arms", mode="before")

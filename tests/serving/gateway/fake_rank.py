@@ -4,7 +4,8 @@ PORT [--key KEY]``. It streams vLLM's completion chunks (``logprobs`` when asked
 by the prompt: ``abort-before`` (the first such request ends with ``finish_reason`` ``abort``
 before any token, as vLLM does when it stops), ``abort-mid`` (two tokens, then ``abort``),
 ``hang-before`` (the first such request never sends a token), ``hang-mid`` (two tokens, then
-silence); with ``--key`` every ``/v1`` call without that bearer key is a 401."""
+silence); ``POST /control {"health": "ok" | "fail" | "flaky"}`` sets what ``/health`` answers
+(``flaky``: 503 every other call); with ``--key`` every ``/v1`` call without that bearer key is a 401."""
 
 from __future__ import annotations
 
@@ -67,7 +68,16 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 
 async def health(request: web.Request) -> web.Response:
+    mode = request.app["health"]
+    request.app["health_calls"] += 1
+    if mode == "fail" or (mode == "flaky" and request.app["health_calls"] % 2 == 0):
+        return web.Response(status=503, text="sick")
     return web.Response(text="")
+
+
+async def control(request: web.Request) -> web.Response:
+    request.app["health"] = (await request.json())["health"]
+    return web.Response(text="ok")
 
 
 async def models(request: web.Request) -> web.Response:
@@ -85,6 +95,8 @@ def main() -> None:
     args = parser.parse_args()
     app = web.Application()
     app["key"] = args.key
+    app["health"], app["health_calls"] = "ok", 0
+    app.router.add_post("/control", control)
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)

@@ -77,6 +77,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--max-attempts", type=positive_int, help="ranks a request may try (3)")
     r.add_argument("--first-token-timeout", dest="first_token_timeout_s", type=duration,
                    help="first token deadline from forwarding; then re-routed (60s)")  # fmt: skip
+    r.add_argument("--drain-timeout", dest="drain_timeout_s", type=duration,
+                   help="on SIGTERM, time the streams in flight get to finish (30s)")  # fmt: skip
     r.add_argument("--chunk-timeout", dest="chunk_timeout_s", type=duration,
                    help="deadline between two chunks of a started stream; then ended (30s)")  # fmt: skip
     a = p.add_argument_group("switchback A/B")
@@ -104,7 +106,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 FLAGS = ("ranks", "slots", "rank_header", "group_size", "router", "estimator", "estimator_url",
          "estimator_timeout_s", "history", "tokenizer", "max_pool", "tick_s", "max_attempts",
-         "first_token_timeout_s", "chunk_timeout_s",
+         "first_token_timeout_s", "chunk_timeout_s", "drain_timeout_s",
          "arms", "switch_every_s", "warmup_s", "seed", "track", "host", "port", "out",
          "health_interval_s", "health_fall", "health_rise", "log_level")  # fmt: skip
 

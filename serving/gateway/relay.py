@@ -100,23 +100,38 @@ class Relay(Response):
         self.life = RequestLife(gw, req)
         self.req = req
         self.started = False  # a token (and the response start) reached the client
+        self.ended = False  # the answer's last message was sent
+        self.opened = False  # a whole answer's start was sent
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         work = asyncio.ensure_future(self.run(send))
         watch = asyncio.ensure_future(_disconnected(receive))
+        drained = asyncio.ensure_future(self.life.gw.drain.over.wait())
         try:
-            await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
-            if not work.done():  # the client went away
+            await asyncio.wait({work, watch, drained}, return_when=asyncio.FIRST_COMPLETED)
+            if not work.done():  # the client went away, or the drain deadline passed
                 work.cancel()
-                self.life.count("cancelled")
+                self.life.count("cancelled" if watch.done() else "drained")
             try:
                 await work
             except asyncio.CancelledError:
-                if not watch.done():
+                if not (watch.done() or drained.done()):
                     raise
+            if drained.done() and not watch.done() and not self.ended:
+                await self._end_drained(send)
         finally:
             watch.cancel()
+            drained.cancel()
             self.life.leave()  # however the request ended, it leaves the group once
+
+    async def _end_drained(self, send: Send) -> None:
+        """The drain deadline passed first: end the answer in the client's format."""
+        message = "the gateway shut down before the request finished (drain deadline)"
+        if self.started:
+            await _send_event_error(send, message)
+        elif not self.opened:
+            await self._send_error(send, 503, message)
+        self.ended = True
 
     # ---- the request's life ---------------------------------------------------------------
     async def run(self, send: Send) -> None:
@@ -168,6 +183,7 @@ class Relay(Response):
             message = f"rank {rank} failed after the first token ({why})"
             if self.started:
                 await _send_event_error(send, message)
+                self.ended = True
             else:
                 await self._send_error(send, 502, message)
             return FINISHED
@@ -301,6 +317,7 @@ class Relay(Response):
             if not self.started:
                 await self._start_stream(send, st)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
+            self.ended = True
             return
         assert st.whole is not None
         rid = f"{'chatcmpl' if req.chat else 'cmpl'}-{req.request_id}"
@@ -317,8 +334,10 @@ class Relay(Response):
             (b"content-length", str(len(body)).encode()),
             self._rid_header(),
         ]
+        self.opened = True
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+        self.ended = True
 
     async def _send_error(self, send: Send, status: int, message: str) -> None:
         await self._send_whole(send, status, error_body(status, message), "application/json")

@@ -29,6 +29,7 @@ from balanceroute.predict.base import CompletionEstimator
 from balanceroute.serving.gateway.arms import Arm, reload_model
 from balanceroute.serving.gateway.completions import CompletionLog
 from balanceroute.serving.gateway.dispatch import Dispatcher
+from balanceroute.serving.gateway.drain import Drain
 from balanceroute.serving.gateway.health import RankHealth
 from balanceroute.serving.gateway.metrics import GatewayMetrics
 from balanceroute.serving.gateway.results import save_switchback
@@ -79,6 +80,7 @@ class Gateway:
             self.group, arms, self.switchback, self.metrics, seed=settings.seed, clock=self.clock
         )
         self.health = RankHealth(settings, self.group, self.metrics, self.dispatcher.wake)
+        self.drain = Drain(settings.drain_timeout_s)
         self.health.auth_headers = lambda rank: self.upstream_headers(rank, "health")
         out = None if settings.out is None else Path(settings.out)
         self.out = out

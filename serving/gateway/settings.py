@@ -107,6 +107,10 @@ class GatewaySettings(ServiceSettings):
         default=30.0, gt=0, le=3600, allow_inf_nan=False,
         description="seconds between two chunks of a started stream before it is ended",
     )  # fmt: skip
+    drain_timeout_s: float = Field(
+        default=30.0, ge=0, le=3600, allow_inf_nan=False,
+        description="on SIGTERM, seconds the streams in flight get to finish before they are ended",
+    )  # fmt: skip
     max_attempts: int = Field(
         default=3, ge=1, le=16, description="ranks a request may be sent to before it fails"
     )

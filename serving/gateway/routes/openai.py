@@ -56,6 +56,9 @@ def _queue(
     gw: Gateway, request: Request, data: dict[str, Any], prompt: Any, body: Any, chat: bool
 ) -> Response:
     """Count the prompt, queue the request (429 when the pool is full) and hand it to a relay."""
+    if gw.drain.draining:
+        body = error_body(503, "the gateway is shutting down")
+        return Response(body, 503, {"retry-after": "1", "connection": "close"}, media_type=JSON)
     if not gw.group.healthy.any():  # nothing could serve it: say so now, not after a wait
         return _unavailable(gw)
     tokens, _ = gw.counter.count(prompt)

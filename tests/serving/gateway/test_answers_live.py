@@ -6,6 +6,7 @@ re-routed). Real processes on 127.0.0.1: the emulator, a small fake vLLM rank, t
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -258,3 +259,38 @@ def test_a_killed_gateway_loses_at_most_rotate_s_of_its_log(fake: FakeRank, tmp_
         _until(lambda: sum(len(pd.read_parquet(p)) for p in folder.glob("*.parquet")) == 3, 10.0)
     finally:
         gw.kill()
+
+
+def test_sigterm_drains_streams_and_ends_the_rest_with_done(fake: FakeRank, tmp_path: Path) -> None:
+    """SIGTERM: a short stream in flight finishes; a long one is ended at the drain deadline with
+    an SSE error event and ``[DONE]``; no traceback in the log."""
+
+    async def scenario() -> list[str]:
+        async with httpx.AsyncClient(timeout=60.0) as client:
+
+            async def one(prompt: str, n: int, begun: asyncio.Event) -> str:
+                body = {"prompt": prompt, "max_tokens": n, "stream": True}
+                lines = []
+                async with client.stream("POST", gw.url + "/v1/completions", json=body) as r:
+                    async for line in r.aiter_lines():
+                        lines.append(line)
+                        begun.set()
+                return "\n".join(lines)
+
+            begun = [asyncio.Event(), asyncio.Event()]
+            tasks = [asyncio.create_task(one("short", 300, begun[0])),
+                     asyncio.create_task(one("long", 5000, begun[1]))]  # fmt: skip
+            await asyncio.wait_for(asyncio.gather(*(b.wait() for b in begun)), 30)
+            gw.proc.send_signal(signal.SIGTERM)
+            return await asyncio.wait_for(asyncio.gather(*tasks), 30)
+
+    gw = GatewayProcess(tmp_path / "gw.out", [fake.url], "--slots", "2", "--router", "count-jsq",
+                        "--drain-timeout", "3s")  # fmt: skip
+    try:
+        short, long = asyncio.run(scenario())
+        assert gw.proc.wait(timeout=30) in (0, -signal.SIGTERM)
+    finally:
+        gw.stop()
+    assert short.rstrip().endswith("data: [DONE]") and '"finish_reason":"length"' in short
+    assert "drain deadline" in long and long.rstrip().endswith("data: [DONE]"), long[-300:]
+    assert "Traceback" not in gw.log() and "shutting down" in gw.log()

@@ -4,6 +4,7 @@ the settings' address until SIGINT or SIGTERM."""
 
 from __future__ import annotations
 
+import copy
 import gc
 import logging
 import socket
@@ -14,10 +15,22 @@ import uvicorn
 
 from balanceroute.serving.http.settings import ServiceSettings
 
+STAMP = "%(asctime)s "  # every log line starts with its time
+
 
 def configure_logging(settings: ServiceSettings) -> None:
-    """The process's log level and format, from the settings."""
-    logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s:  %(message)s")
+    """The process's log level and format (timestamped), from the settings."""
+    logging.basicConfig(
+        level=settings.log_level.upper(), format=STAMP + "%(levelname)s:  %(message)s"
+    )
+
+
+def uvicorn_log_config() -> dict[str, Any]:
+    """uvicorn's own logging configuration with a timestamp on every line."""
+    config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
+    for formatter in config["formatters"].values():
+        formatter["fmt"] = STAMP + formatter["fmt"]
+    return config
 
 
 class NotifyingServer(uvicorn.Server):
@@ -48,7 +61,8 @@ def serve(
         gc.collect()
     gc.freeze()
     kw = dict(host=settings.host, port=settings.port, log_level=settings.log_level,
-              access_log=settings.access_log, **options)  # fmt: skip
+              access_log=settings.access_log, log_config=uvicorn_log_config(),
+              **options)  # fmt: skip
     if on_shutdown is None:
         uvicorn.run(app, **kw)
         return

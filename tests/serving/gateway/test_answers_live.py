@@ -6,6 +6,7 @@ re-routed). Real processes on 127.0.0.1: the emulator, a small fake vLLM rank, t
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -83,6 +84,14 @@ def test_every_gateway_error_has_vllms_body(emu_gateway: GatewayProcess) -> None
     r = httpx.post(url, json={"prompt": "a"}, timeout=30)
     assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
     assert error_of(r)["message"] == "missing or invalid bearer token"
+    assert emu_gateway.get("/readyz").json() == {"status": "ready"}  # bare without the token
+    assert "detail" in emu_gateway.get("/readyz", headers=AUTH).json()
+
+
+def test_log_lines_carry_timestamps(emu_gateway: GatewayProcess) -> None:
+    """Every line the gateway logs starts with its date and time (its own and uvicorn's)."""
+    lines = [ln for ln in emu_gateway.log().splitlines() if "INFO" in ln or "WARNING" in ln]
+    assert lines and all(re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", ln) for ln in lines)
 
 
 def test_openai_client_gets_bad_request_with_a_message(emu_gateway: GatewayProcess) -> None:

@@ -3,8 +3,8 @@ take of them.
 
 - The engine's view (:class:`CompletionRequest`, :class:`ChatCompletionRequest`), what the
   emulator accepts: every field vLLM's and SGLang's completion and chat APIs commonly accept is
-  declared (sampling parameters are accepted and ignored: the emulator's text is filler); anything
-  else is an unknown field and gets a 400, as do wrong types and out-of-range values.
+  declared (sampling parameters are accepted and ignored: the emulator's text is filler); an
+  unknown field is logged and ignored, as vLLM does; wrong types and out-of-range values get a 400.
 - The gateway's view (:class:`CompletionBody`, :class:`ChatBody`): only the fields the gateway
   reads are checked (anything else passes through to the rank unchanged, which has the last word
   on sampling options): one prompt (text, token ids, or chat messages), ``n = 1`` (one request is
@@ -17,6 +17,7 @@ take of them.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from pydantic import (
@@ -29,6 +30,7 @@ from pydantic import (
     model_validator,
 )
 
+log = logging.getLogger("balanceroute.emulator")
 Prompt = str | list[int]
 
 
@@ -41,18 +43,39 @@ def prompt_batch(prompt: Any) -> list[Prompt]:
 
 
 # ---- the engine's view (the emulator) ----------------------------------------------------------
+def _log_unknown(model: BaseModel) -> None:
+    """vLLM's warning for the fields a request carried that no one reads."""
+    extra = model.model_extra or {}
+    if extra:
+        log.warning(
+            "The following fields were present in the request but ignored: %s", sorted(extra)
+        )
+
+
 class StreamOptions(BaseModel):
     """``stream_options``: ``include_usage`` adds a last chunk with the token counts."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
+
+    @model_validator(mode="after")
+    def _unknown(self) -> StreamOptions:
+        _log_unknown(self)
+        return self
+
     include_usage: bool = False
     continuous_usage_stats: bool = False
 
 
 class _Common(BaseModel):
-    """Fields both endpoints share."""
+    """Fields both endpoints share (unknown ones logged and ignored, as vLLM)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
+
+    @model_validator(mode="after")
+    def _unknown(self) -> _Common:
+        _log_unknown(self)
+        return self
+
     model: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None

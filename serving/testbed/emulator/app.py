@@ -7,8 +7,8 @@ every chunk with ``continuous_usage_stats``, as vLLM), then
 ``data: [DONE]``; or one JSON body), ``GET /v1/models``, ``GET /health``, ``GET /metrics``
 (vLLM's metric names) and ``GET /v1/emulator/state`` (the group's counters, for tools).
 Errors use vLLM's body ``{"error": {"message", "type", "param", "code"}}``; request
-validation errors (wrong types, unknown fields, invalid JSON, out-of-range values) are 400s as
-in vLLM. A handler never raises into the server: whatever the client does, the group keeps
+validation errors (wrong types, invalid JSON, out-of-range values) are 400s as in vLLM, and
+unknown fields are logged and ignored as vLLM does. A handler never raises into the server: whatever the client does, the group keeps
 every accepted request until it finishes or the client goes away.
 """
 

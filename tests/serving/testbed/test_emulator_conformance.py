@@ -72,3 +72,13 @@ def test_time_scale_is_bounded(scale: float) -> None:
 
 def test_time_scale_within_bounds_is_accepted(tmp_path: Path) -> None:
     assert EmulatorConfig.from_dict({"time_scale": 1e3}).time_scale == 1e3
+
+
+def test_unknown_fields_are_logged_and_ignored(emu: Emulator) -> None:
+    """As vLLM: a field no one reads (top level or in stream_options) is served, and logged."""
+    body = {"prompt": "a b", "max_tokens": 2, "ignore_eos": True, "surprise": True,
+            "stream": True, "stream_options": {"include_usage": True, "x": 1}}  # fmt: skip
+    r = httpx.post(emu.urls[0] + "/v1/completions", json=body, timeout=30)
+    assert r.status_code == 200 and _events(r.text)[-1]["usage"]["completion_tokens"] == 2
+    assert "present in the request but ignored: ['surprise']" in emu.log()
+    assert "ignored: ['x']" in emu.log()

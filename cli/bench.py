@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from balanceroute.cli.options import (
     add_workload_args,
@@ -120,4 +121,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for error, count in s["errors"].items():
         print(f"  {count} x {error[:160]}")
     print(f"wrote {result.out_dir}/summary.json and requests.parquet")
+    if s["completed"] == 0 and s["failed"] > 0:
+        print("balanceroute bench: error: every request failed", file=sys.stderr)
+        return 1
     return 0

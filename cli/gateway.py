@@ -75,6 +75,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--max-pool", type=positive_int, help="waiting requests at most (4096)")
     r.add_argument("--tick", dest="tick_s", type=duration, help="decision tick (10ms)")
     r.add_argument("--max-attempts", type=positive_int, help="ranks a request may try (3)")
+    r.add_argument("--first-token-timeout", dest="first_token_timeout_s", type=duration,
+                   help="first token deadline from forwarding; then re-routed (60s)")  # fmt: skip
+    r.add_argument("--drain-timeout", dest="drain_timeout_s", type=duration,
+                   help="on SIGTERM, time the streams in flight get to finish (30s)")  # fmt: skip
+    r.add_argument("--chunk-timeout", dest="chunk_timeout_s", type=duration,
+                   help="deadline between two chunks of a started stream; then ended (30s)")  # fmt: skip
     a = p.add_argument_group("switchback A/B")
     a.add_argument("--arms", help="comma-separated router specs alternated over time windows")
     a.add_argument("--switch-every", dest="switch_every_s", type=duration, help="window (30s)")
@@ -90,14 +96,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument(
         "--health-interval", dest="health_interval_s", type=duration, help="health checks (1s)"
     )
+    s.add_argument("--health-fall", type=positive_int,
+                   help="failed health checks in a row that take a rank out (3)")  # fmt: skip
+    s.add_argument("--health-rise", type=positive_int,
+                   help="good health checks in a row that bring it back (2)")  # fmt: skip
     s.add_argument("--log-level", help="log level (info)")
     p.set_defaults(func=cmd_gateway)
 
 
 FLAGS = ("ranks", "slots", "rank_header", "group_size", "router", "estimator", "estimator_url",
          "estimator_timeout_s", "history", "tokenizer", "max_pool", "tick_s", "max_attempts",
+         "first_token_timeout_s", "chunk_timeout_s", "drain_timeout_s",
          "arms", "switch_every_s", "warmup_s", "seed", "track", "host", "port", "out",
-         "health_interval_s", "log_level")  # fmt: skip
+         "health_interval_s", "health_fall", "health_rise", "log_level")  # fmt: skip
 
 
 def settings_from_args(args: argparse.Namespace) -> GatewaySettings:

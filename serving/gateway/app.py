@@ -6,12 +6,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-from fastapi.exceptions import RequestValidationError
 from starlette.requests import ClientDisconnect
 
+from balanceroute.serving.gateway import errors
 from balanceroute.serving.gateway.routes import ROUTERS
 from balanceroute.serving.gateway.runtime import Gateway
-from balanceroute.serving.http.errors import client_disconnect, validation_error
+from balanceroute.serving.http.errors import client_disconnect
 from balanceroute.serving.http.origin_check import OriginCheck
 
 TITLE = "BalanceRoute gateway"
@@ -37,15 +37,17 @@ def create_gateway_app(gateway: Gateway) -> FastAPI:
         version=VERSION,
         description="BalanceRoute in front of the data-parallel ranks of one decode group.",
         lifespan=lifespan,
-        max_body_size=gateway.settings.max_body_bytes,
         openapi_url=None,
         docs_url=None,
         redoc_url=None,
     )
     app.state.settings = gateway.settings
     app.state.gateway = gateway
-    app.add_middleware(OriginCheck, settings=gateway.settings)
-    app.add_exception_handler(RequestValidationError, validation_error)
+    # a non-JSON content type is vLLM's 400 (it cannot read such a body), not 415
+    app.add_middleware(OriginCheck, settings=gateway.settings, body=errors.refusal,
+                       content_type_status=400)  # fmt: skip
+    app.add_middleware(errors.BodyLimit, max_bytes=gateway.settings.max_body_bytes)
+    errors.install(app)
     app.add_exception_handler(ClientDisconnect, client_disconnect)
     for router in ROUTERS:
         app.include_router(router)

@@ -4,9 +4,11 @@
 ``request_id``, ``arrival_s``, ``prompt_tokens``, ``output_tokens``, ``prompt_key`` (the
 canonical columns, what ``balanceroute train --trace DIR/completions`` reads as it is) plus
 ``worker`` (the rank), ``arm``, ``queue_delay_s`` (the wait in the gateway's pool; the column
-names of :mod:`balanceroute.features.columns`) and ``finish_s``. Rows are buffered and a part is written whole, atomically,
-once the buffer holds about ``rotate_bytes`` or its oldest row is ``rotate_s`` old, and at
-shutdown. ``arrival_s`` counts seconds from the log's origin, kept in ``DIR/completions/log.json``
+names of :mod:`balanceroute.features.columns`), ``finish_s`` and ``finish_reason`` (the rank's:
+``length``, ``stop``; a request the rank aborted or that failed is never logged, so the log
+holds only whole outputs, what the estimators may learn from). Rows are buffered and a part is written whole, atomically,
+once the buffer holds about ``rotate_bytes`` or its oldest row is ``rotate_s`` old (10 s, checked
+every second), and at shutdown: a SIGKILL loses at most the last ``rotate_s`` + 1 s of rows. ``arrival_s`` counts seconds from the log's origin, kept in ``DIR/completions/log.json``
 so the parts of several gateway runs into one folder share one clock (the loaders bound arrival
 times, so epoch seconds would not do).
 """
@@ -25,7 +27,7 @@ from balanceroute.features.files import write_json
 
 ROW_BYTES = 48  # the fixed columns of one row; keys and ids add their lengths
 COLUMNS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", "prompt_key",
-           "worker", "arm", "queue_delay_s", "finish_s")  # fmt: skip
+           "worker", "arm", "queue_delay_s", "finish_s", "finish_reason")  # fmt: skip
 
 
 class CompletionLog:
@@ -66,12 +68,14 @@ class CompletionLog:
         arm: str,
         queue_s: float,
         finish_epoch_s: float,
+        finish_reason: str | None = None,
     ) -> None:
         """One finished request (``queue_s``: its wait in the gateway's pool)."""
         if self.folder is None:
             return
         values = (request_id, arrival_epoch_s - self.origin, prompt_tokens, output_tokens,
-                  prompt_key, rank, arm, queue_s, finish_epoch_s - self.origin)  # fmt: skip
+                  prompt_key, rank, arm, queue_s, finish_epoch_s - self.origin,
+                  finish_reason)  # fmt: skip
         for name, value in zip(COLUMNS, values, strict=True):
             self.rows[name].append(value)
         self.bytes += ROW_BYTES + len(request_id) + len(prompt_key) + len(arm)
@@ -94,4 +98,7 @@ class CompletionLog:
         path = self.folder / f"part-{first_ms:013d}-{self.parts:05d}.parquet"
         self.parts += 1
         self.written += len(rows["request_id"])
-        return path, pa.table(rows)
+        columns = {
+            k: pa.array(v, pa.string()) if k == "finish_reason" else v for k, v in rows.items()
+        }
+        return path, pa.table(columns)

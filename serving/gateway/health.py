@@ -1,8 +1,14 @@
-"""Rank health: ``GET /health`` of every rank on an interval; a rank that fails leaves the
-rotation (no free slots, so no admissions) and comes back when it answers 200 again.
+"""Rank health: ``GET /health`` of every rank on an interval; a rank that fails
+``health_fall`` checks in a row (3) leaves the rotation (no free slots, so no admissions) and
+comes back after ``health_rise`` good answers in a row (2), so one slow or missed probe (an
+overloaded engine) never takes a rank, or every rank, out.
 
 A forwarding failure marks its rank suspect at once and checks it without waiting for the next
-round. In header mode the ranks share one upstream: its health is theirs.
+round. A rank that refused the gateway's credentials (401/403: a wrong
+``BALANCEROUTE_UPSTREAM_API_KEY``) looks healthy to ``/health``, which vLLM does not guard, so it
+is checked with ``GET /v1/models`` and the key instead, and stays out, named so in ``/readyz``
+and the log, until it accepts them. In header mode the ranks share one upstream: its health is
+theirs.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 
@@ -38,6 +45,10 @@ class RankHealth:
         self.session: aiohttp.ClientSession | None = None
         self._poke = asyncio.Event()
         self.last_error: dict[int, str] = {}
+        self.refused: dict[int, str] = {}  # ranks that refused the credentials, and why
+        self.auth_headers: Callable[[int], dict[str, Any]] = lambda rank: {}
+        self.fails = [0] * group.ranks  # failed checks in a row
+        self.passes = [0] * group.ranks  # good checks in a row
         for g in range(group.ranks):
             metrics.healthy.labels(str(g)).set(1)
 
@@ -57,22 +68,54 @@ class RankHealth:
                 log.warning("rank %d left the rotation: %s", g, why)
                 self.last_error[g] = why
 
+    def _probed(self, rank: int, ok: bool, why: str) -> None:
+        """One check's result, applied with hysteresis (module docstring)."""
+        in_rotation = bool(self.group.healthy[rank])
+        if ok:
+            self.fails[rank], self.passes[rank] = 0, self.passes[rank] + 1
+            if not in_rotation and self.passes[rank] >= self.settings.health_rise:
+                self._set(rank, True)
+            return
+        self.fails[rank], self.passes[rank] = self.fails[rank] + 1, 0
+        if in_rotation and self.fails[rank] >= self.settings.health_fall:
+            self._set(rank, False, f"{why} ({self.fails[rank]} checks in a row)")
+        elif not in_rotation:
+            for g in self._ranks_of(rank):
+                self.last_error[g] = why
+
     def suspect(self, rank: int, why: str) -> None:
-        """A forwarding failure: out of rotation now, checked again at once."""
+        """A forwarding failure: out of rotation now (it is evidence, not a probe), checked
+        again at once; back after ``health_rise`` good checks."""
+        self.passes[rank] = 0
         self._set(rank, False, why)
         self._poke.set()
 
+    def refused_credentials(self, rank: int, why: str) -> None:
+        """``rank`` answered 401/403 to a forwarded request: out until it accepts the key."""
+        for g in self._ranks_of(rank):
+            self.refused[g] = why
+        self.suspect(rank, why)
+
     async def check(self, rank: int) -> None:
-        url = self.settings.rank_url(rank) + "/health"
+        refused = self.refused.get(rank)
+        path = "/health" if refused is None else "/v1/models"
+        headers = {} if refused is None else self.auth_headers(rank)
+        url = self.settings.rank_url(rank) + path
         assert self.session is not None
         try:
             timeout = aiohttp.ClientTimeout(total=CHECK_TIMEOUT_S)
-            async with self.session.get(url, timeout=timeout) as resp:
+            async with self.session.get(url, timeout=timeout, headers=headers) as resp:
                 await resp.read()
-                ok, why = resp.status == 200, f"GET /health answered {resp.status}"
+                ok, why = resp.status == 200, f"GET {path} answered {resp.status}"
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            ok, why = False, f"GET /health failed: {type(exc).__name__}: {exc}"
-        self._set(rank, ok, why)
+            ok, why = False, f"GET {path} failed: {type(exc).__name__}: {exc}"
+        if refused is not None:
+            if ok:
+                for g in self._ranks_of(rank):
+                    self.refused.pop(g, None)
+            elif "answered 401" in why or "answered 403" in why:
+                why = refused
+        self._probed(rank, ok, why)
 
     async def check_all(self) -> None:
         ranks = [0] if self.settings.rank_header is not None else range(self.group.ranks)

@@ -129,6 +129,13 @@ class RequestLife:
         """``rank`` failed the request before it started: out of rotation until it recovers."""
         self.gw.health.suspect(rank, why)
 
+    def rank_refused(self, rank: int, status: int) -> None:
+        """``rank`` refused the gateway's credentials (401/403): out of rotation until it
+        accepts them (passive health: it would look empty and attract everything)."""
+        why = (f"answered {status} to a forwarded request: the rank refuses the gateway's "
+               "credentials (check BALANCEROUTE_UPSTREAM_API_KEY)")  # fmt: skip
+        self.gw.health.refused_credentials(rank, why)
+
     def requeued(self, rank: int, last: bool) -> bool:
         """After a failed attempt on ``rank``: back to the head of the pool (False: no more
         attempts, or no room)."""
@@ -155,10 +162,17 @@ class RequestLife:
         gw.switchback.tokens(new, now)
 
     def finished(
-        self, rank: int, first_t: float, last_t: float, tokens: int, prompt: int, now: float
+        self,
+        rank: int,
+        first_t: float,
+        last_t: float,
+        tokens: int,
+        prompt: int,
+        now: float,
+        finish_reason: str | None = None,
     ) -> None:
-        """The rank answered in full: metrics, the completion log, and the slot leaves the
-        group with its estimators taught."""
+        """The rank answered in full (``finish_reason`` its last one, never ``abort``): metrics,
+        the completion log, and the slot leaves the group with its estimators taught."""
         gw, req = self.gw, self.req
         ttft = first_t - req.arrival
         tpot = (last_t - first_t) / (tokens - 1) if tokens > 1 else None
@@ -169,7 +183,7 @@ class RequestLife:
             gw.switchback.finished(tpot, now)
         gw.metrics.outcomes.labels("completed").inc()
         gw.log.add(req.request_id, req.arrival_epoch, prompt, tokens, req.prompt_key, rank, arm,
-                   req.queue_s, time.time())  # fmt: skip
+                   req.queue_s, time.time(), finish_reason)  # fmt: skip
         req.finished = True
         gw.dispatcher.forget(req.position)
         gw.group.leave(req.position, tokens, learn=True)

@@ -10,10 +10,19 @@ as the rank sent it, event by event. A request's age is the rank's cumulative
 client gets the assembled answer once the stream ends.
 
 Faults. Until the first token has been relayed the client has seen nothing, so a rank that
-fails then (connection refused or broken, a 5xx or 429 answer, the stream ending early) is taken
+fails then (connection refused or broken, a 5xx or 429 answer, a 401/403 refusing the
+gateway's upstream key, the stream ending early) is taken
 out of rotation and the request goes back to the head of the pool, to be routed again (at most
 ``max_attempts`` ranks); a rank's 4xx is the client's answer and is relayed. After the first
-token the client gets an SSE error event and ``[DONE]``. A client that disconnects cancels the
+token the client gets an SSE error event and ``[DONE]``. Deadlines: a first token within
+``first_token_timeout_s`` of forwarding (else the rank failed: re-routed), and a chunk within
+``chunk_timeout_s`` of the last once the stream started (else an SSE error event and
+``[DONE]``). A rank that aborts the request
+(``finish_reason`` ``abort``: vLLM stopping gracefully) before its first token is a failed rank
+too (re-routed); after it, the client gets the stream as the rank ended it, and the request is
+counted ``aborted``, kept out of the completion log (its length is not the request's). A
+non-streaming client gets every field the rank sent (:mod:`balanceroute.serving.openai.assemble`),
+and every answer carries ``x-request-id``. A client that disconnects cancels the
 upstream request (its connection is closed, which aborts it on the rank) and frees the slot.
 """
 
@@ -31,7 +40,8 @@ from starlette.types import Receive, Scope, Send
 
 from balanceroute.serving.gateway.life import LiveRequest, RequestLife
 from balanceroute.serving.gateway.runtime import Gateway
-from balanceroute.serving.openai.responses import error_body, whole_answer, whole_choice
+from balanceroute.serving.openai.assemble import Assembler
+from balanceroute.serving.openai.responses import error_body
 from balanceroute.serving.openai.sse import (
     DONE,
     DONE_PAYLOAD,
@@ -42,6 +52,7 @@ from balanceroute.serving.openai.sse import (
 )
 
 RETRY, FINISHED = "retry", "finished"
+ABORT = "abort"  # vLLM's finish_reason for a request the engine stopped (shutdown, abort)
 
 
 class UpstreamBroke(Exception):
@@ -60,11 +71,8 @@ class Stream:
     last_t: float | None = None
     done: bool = False
     held: list[bytes] = field(default_factory=list)  # events not yet relayed
-    texts: dict[int, list[str]] = field(default_factory=dict)  # non-streaming clients
-    reasons: dict[int, str | None] = field(default_factory=dict)
+    whole: Assembler | None = None  # non-streaming clients: the answer being folded
     model: str | None = None
-    rid: str | None = None
-    created: int | None = None
 
     @property
     def tokens(self) -> int:
@@ -92,23 +100,38 @@ class Relay(Response):
         self.life = RequestLife(gw, req)
         self.req = req
         self.started = False  # a token (and the response start) reached the client
+        self.ended = False  # the answer's last message was sent
+        self.opened = False  # a whole answer's start was sent
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         work = asyncio.ensure_future(self.run(send))
         watch = asyncio.ensure_future(_disconnected(receive))
+        drained = asyncio.ensure_future(self.life.gw.drain.over.wait())
         try:
-            await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
-            if not work.done():  # the client went away
+            await asyncio.wait({work, watch, drained}, return_when=asyncio.FIRST_COMPLETED)
+            if not work.done():  # the client went away, or the drain deadline passed
                 work.cancel()
-                self.life.count("cancelled")
+                self.life.count("cancelled" if watch.done() else "drained")
             try:
                 await work
             except asyncio.CancelledError:
-                if not watch.done():
+                if not (watch.done() or drained.done()):
                     raise
+            if drained.done() and not watch.done() and not self.ended:
+                await self._end_drained(send)
         finally:
             watch.cancel()
+            drained.cancel()
             self.life.leave()  # however the request ended, it leaves the group once
+
+    async def _end_drained(self, send: Send) -> None:
+        """The drain deadline passed first: end the answer in the client's format."""
+        message = "the gateway shut down before the request finished (drain deadline)"
+        if self.started:
+            await _send_event_error(send, message)
+        elif not self.opened:
+            await self._send_error(send, 503, message)
+        self.ended = True
 
     # ---- the request's life ---------------------------------------------------------------
     async def run(self, send: Send) -> None:
@@ -123,7 +146,7 @@ class Relay(Response):
             if not life.requeued(rank, last=attempt + 1 == attempts):
                 break
         life.abandoned("failed")
-        await _send_error(
+        await self._send_error(
             send, 502, f"no rank could serve the request after {attempt + 1} attempts"
         )
 
@@ -132,36 +155,63 @@ class Relay(Response):
         the client and the rank failed)."""
         life = self.life
         url, headers = life.forwarded(rank)
-        st = Stream()
+        st = Stream(whole=None if self.req.stream else Assembler(self.req.chat))
         try:
-            async with life.session.post(url, data=body, headers=headers) as resp:
+            async with (
+                asyncio.timeout(self.settings.first_token_timeout_s) as deadline,
+                life.session.post(url, data=body, headers=headers) as resp,
+            ):
                 if resp.status != 200:
                     content = await resp.read()
                     if resp.status >= 500 or resp.status == 429:
                         life.rank_failed(rank, f"answered {resp.status}")
                         return RETRY
+                    if resp.status in (401, 403):  # the gateway's key, not the client's fault
+                        life.rank_refused(rank, resp.status)
+                        return RETRY
                     life.abandoned("rank_refused")
                     kind = resp.headers.get("content-type", "application/json")
-                    await _send_whole(send, resp.status, content, kind)
+                    await self._send_whole(send, resp.status, content, kind)
                     return FINISHED
-                await self._relay(resp, st, send)
+                await self._relay(resp, st, send, deadline)
         except (aiohttp.ClientError, OSError, TimeoutError, UpstreamBroke) as exc:
+            why = self._why(exc, st)
             if st.first_t is None:  # the rank produced nothing: known not to have started
-                life.rank_failed(rank, f"{type(exc).__name__}: {exc}")
+                life.rank_failed(rank, why)
                 return RETRY
             life.abandoned("broken")
-            message = f"rank {rank} failed after the first token ({type(exc).__name__})"
+            message = f"rank {rank} failed after the first token ({why})"
             if self.started:
                 await _send_event_error(send, message)
+                self.ended = True
             else:
-                await _send_error(send, 502, message)
+                await self._send_error(send, 502, message)
             return FINISHED
         await self._finish(rank, st, send)
         return FINISHED
 
-    async def _relay(self, resp: aiohttp.ClientResponse, st: Stream, send: Send) -> None:
+    @property
+    def settings(self) -> Any:
+        return self.life.gw.settings
+
+    def _why(self, exc: BaseException, st: Stream) -> str:
+        """What went wrong, in words (a deadline names its setting)."""
+        if isinstance(exc, TimeoutError):
+            if st.first_t is None:
+                return (f"no first token within {self.settings.first_token_timeout_s:g} s "
+                        "(--first-token-timeout)")  # fmt: skip
+            return f"no chunk for {self.settings.chunk_timeout_s:g} s (--chunk-timeout)"
+        return f"{type(exc).__name__}: {exc}"
+
+    async def _relay(
+        self, resp: aiohttp.ClientResponse, st: Stream, send: Send, deadline: asyncio.Timeout
+    ) -> None:
         splitter = EventSplitter()
+        loop = asyncio.get_running_loop()
+        chunk_s = self.settings.chunk_timeout_s
         async for data in resp.content.iter_any():
+            if st.first_t is not None:  # started: the next chunk is due within chunk_s
+                deadline.reschedule(loop.time() + chunk_s)
             events = splitter.feed(data)
             if not events:
                 continue
@@ -180,6 +230,8 @@ class Relay(Response):
                     st.held.extend(out)
                     if st.first_t is not None:
                         await self._start_stream(send, st)
+            if st.first_t is not None:
+                deadline.reschedule(loop.time() + chunk_s)
             if st.done:
                 return
         raise UpstreamBroke("the stream ended before data: [DONE]")
@@ -210,8 +262,12 @@ class Relay(Response):
             raise UpstreamBroke(f"error event: {str(obj['error'])[:200]}")
         usage = obj.get("usage")
         choices = obj.get("choices") or []
+        if st.first_t is None and any(c.get("finish_reason") == ABORT for c in choices):
+            raise UpstreamBroke("the rank aborted the request before its first token")
         if st.model is None:
-            st.model, st.rid, st.created = obj.get("model"), obj.get("id"), obj.get("created")
+            st.model = obj.get("model")
+        if st.whole is not None:
+            st.whole.add(obj)
         for choice in choices:
             piece = token_text(choice)
             if piece is not None:
@@ -219,12 +275,9 @@ class Relay(Response):
                 if st.first_t is None:
                     st.first_t = now
                 st.last_t = now
-                if not self.req.stream:
-                    st.texts.setdefault(choice.get("index", 0), []).append(piece)
             reason = choice.get("finish_reason")
             if reason is not None:
                 st.finish_reason = reason
-                st.reasons[choice.get("index", 0)] = reason
         if usage:
             st.usage_completion = int(usage.get("completion_tokens") or 0)
             st.usage_prompt = int(usage.get("prompt_tokens") or 0)
@@ -241,10 +294,7 @@ class Relay(Response):
         self.life.progress(st.tokens, new, st.usage_prompt, now)
 
     async def _start_stream(self, send: Send, st: Stream) -> None:
-        headers = [
-            *SSE_HEADERS,
-            (b"x-request-id", self.req.request_id.encode("latin-1", "replace")),
-        ]
+        headers = [*SSE_HEADERS, self._rid_header()]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         self.started = True
         body, st.held = b"".join(st.held), []
@@ -258,26 +308,39 @@ class Relay(Response):
             st.first_t = st.last_t = now
         tokens = max(1, st.tokens)
         prompt = st.usage_prompt if st.usage_prompt > 0 else req.prompt_tokens
-        self.life.finished(rank, st.first_t, st.last_t, tokens, prompt, now)  # type: ignore[arg-type]
+        if st.finish_reason == ABORT:  # cut short by the rank: not a completion to learn from
+            self.life.abandoned("aborted")
+        else:
+            self.life.finished(rank, st.first_t, st.last_t, tokens, prompt, now,  # type: ignore[arg-type]
+                               st.finish_reason)  # fmt: skip
         if req.stream:
             if not self.started:
                 await self._start_stream(send, st)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
+            self.ended = True
             return
-        await _send_whole(
-            send, 200, orjson.dumps(self._assembled(st, prompt, tokens)), "application/json"
-        )
+        assert st.whole is not None
+        rid = f"{'chatcmpl' if req.chat else 'cmpl'}-{req.request_id}"
+        answer = st.whole.answer(prompt, tokens, rid, int(time.time()))
+        await self._send_whole(send, 200, orjson.dumps(answer), "application/json")
 
-    def _assembled(self, st: Stream, prompt: int, tokens: int) -> dict[str, Any]:
-        """The non-streaming answer from the streamed chunks."""
-        chat = self.req.chat
-        choices = [
-            whole_choice(chat, index, "".join(st.texts.get(index, [])), st.reasons.get(index))
-            for index in sorted(set(st.texts) | set(st.reasons))
+    def _rid_header(self) -> tuple[bytes, bytes]:
+        return b"x-request-id", self.req.request_id.encode("latin-1", "replace")
+
+    async def _send_whole(self, send: Send, status: int, body: bytes, content_type: str) -> None:
+        """A whole answer (not a stream), with the request's ``x-request-id``."""
+        headers = [
+            (b"content-type", content_type.encode("latin-1")),
+            (b"content-length", str(len(body)).encode()),
+            self._rid_header(),
         ]
-        rid = st.rid or f"{'chatcmpl' if chat else 'cmpl'}-{self.req.request_id}"
-        created = st.created or int(time.time())
-        return whole_answer(chat, rid, created, st.model, choices, prompt, tokens)
+        self.opened = True
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+        self.ended = True
+
+    async def _send_error(self, send: Send, status: int, message: str) -> None:
+        await self._send_whole(send, status, error_body(status, message), "application/json")
 
 
 async def _disconnected(receive: Receive) -> None:
@@ -285,19 +348,6 @@ async def _disconnected(receive: Receive) -> None:
         message = await receive()
         if message["type"] == "http.disconnect":
             return
-
-
-async def _send_whole(send: Send, status: int, body: bytes, content_type: str) -> None:
-    headers = [
-        (b"content-type", content_type.encode("latin-1")),
-        (b"content-length", str(len(body)).encode()),
-    ]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def _send_error(send: Send, status: int, message: str) -> None:
-    await _send_whole(send, status, error_body(status, message), "application/json")
 
 
 async def _send_event_error(send: Send, message: str) -> None:

@@ -27,6 +27,7 @@ from balanceroute.features.files import write_parquet
 from balanceroute.serving.gateway.arms import Arm
 from balanceroute.serving.gateway.completions import CompletionLog
 from balanceroute.serving.gateway.dispatch import Dispatcher
+from balanceroute.serving.gateway.drain import Drain
 from balanceroute.serving.gateway.health import RankHealth
 from balanceroute.serving.gateway.metrics import GatewayMetrics
 from balanceroute.serving.gateway.reload import reload_arms
@@ -80,6 +81,8 @@ class Gateway:
             recent=self.recent,
         )
         self.health = RankHealth(settings, self.group, self.metrics, self.dispatcher.wake)
+        self.drain = Drain(settings.drain_timeout_s)
+        self.health.auth_headers = lambda rank: self.upstream_headers(rank, "health")
         out = None if settings.out is None else Path(settings.out)
         self.out = out
         self.log = CompletionLog(

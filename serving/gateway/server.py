@@ -1,5 +1,6 @@
 """Build a gateway from its settings (blocking: models load, estimators fit, services are
-reached before anything listens) and serve it under uvicorn until SIGINT or SIGTERM."""
+reached before anything listens) and serve it under uvicorn until SIGINT or SIGTERM, which
+stops accepting and drains the streams in flight (:mod:`.drain`)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from balanceroute.serving.gateway.settings import GatewaySettings
 from balanceroute.serving.gateway.tokens import PromptCounter
 from balanceroute.serving.http.server import configure_logging, serve
 
-GRACEFUL_S = 5
+GRACE_S = 3  # after the drain deadline: the cut streams' last events and the shutdown itself
 
 
 def build_gateway(settings: GatewaySettings) -> Gateway:
@@ -31,6 +32,7 @@ def build_gateway(settings: GatewaySettings) -> Gateway:
 def run_gateway(settings: GatewaySettings, gateway: Gateway | None = None) -> None:
     """Serve until stopped; the lifespan's end writes the completion log and the A/B files."""
     configure_logging(settings)
-    app = create_gateway_app(gateway or build_gateway(settings))
-    serve(app, settings, collect=True, http="httptools",
-          timeout_graceful_shutdown=GRACEFUL_S, backlog=4096)  # fmt: skip
+    gateway = gateway or build_gateway(settings)
+    app = create_gateway_app(gateway)
+    serve(app, settings, collect=True, http="httptools", on_shutdown=gateway.drain.begin,
+          timeout_graceful_shutdown=int(settings.drain_timeout_s) + GRACE_S, backlog=4096)  # fmt: skip

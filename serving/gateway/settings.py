@@ -90,12 +90,30 @@ class GatewaySettings(ServiceSettings):
     health_interval_s: float = Field(
         default=1.0, gt=0, le=60, allow_inf_nan=False, description="seconds between health checks"
     )
+    health_fall: int = Field(
+        default=3, ge=1, le=100, description="failed health checks in a row that take a rank out"
+    )
+    health_rise: int = Field(
+        default=2, ge=1, le=100, description="good health checks in a row that bring it back"
+    )
     connect_timeout_s: float = Field(
         default=5.0, gt=0, le=60, allow_inf_nan=False, description="upstream connect timeout"
     )
     request_timeout_s: float = Field(
         default=3600.0, gt=0, allow_inf_nan=False, description="upstream request timeout"
     )
+    first_token_timeout_s: float = Field(
+        default=60.0, gt=0, le=3600, allow_inf_nan=False,
+        description="seconds from forwarding to the first token before the rank counts as failed",
+    )  # fmt: skip
+    chunk_timeout_s: float = Field(
+        default=30.0, gt=0, le=3600, allow_inf_nan=False,
+        description="seconds between two chunks of a started stream before it is ended",
+    )  # fmt: skip
+    drain_timeout_s: float = Field(
+        default=30.0, ge=0, le=3600, allow_inf_nan=False,
+        description="on SIGTERM, seconds the streams in flight get to finish before they are ended",
+    )  # fmt: skip
     max_attempts: int = Field(
         default=3, ge=1, le=16, description="ranks a request may be sent to before it fails"
     )
@@ -106,8 +124,9 @@ class GatewaySettings(ServiceSettings):
         default=8 * 1024 * 1024, ge=1024, description="completion-log part size in memory"
     )
     rotate_s: float = Field(
-        default=300.0, gt=0, allow_inf_nan=False, description="completion-log part age at most"
-    )
+        default=10.0, gt=0, allow_inf_nan=False,
+        description="completion-log part age at most: what a SIGKILL can lose (s)",
+    )  # fmt: skip
     track: bool = Field(default=True, description="log the switchback to MLflow at shutdown")
 
     @field_validator("rank_header", "estimator", "estimator_url", "history", "arms", mode="before")

@@ -19,6 +19,15 @@ bearer = HTTPBearer(
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 
 
+def authorized(request: Request) -> bool:
+    """Whether the call carries the configured bearer token (always, with none configured)."""
+    token = request.app.state.settings.token
+    if token is None:
+        return True
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.encode(), token.encode())
+
+
 async def require_token(request: Request, credentials: Credentials) -> None:
     """401 unless the call carries the configured bearer token (no token configured: open)."""
     token = request.app.state.settings.token

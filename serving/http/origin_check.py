@@ -8,13 +8,14 @@ A page on any web site, open in a browser on the server's host, can send request
 - an ``Origin`` header, which browsers send and other clients do not, must be the server's own
   origin or one of ``allowed_origins`` (403 otherwise);
 - a POST that labels its body must label it JSON (``application/json`` or ``+json``; 415
-  otherwise). An unlabelled body is taken as JSON: browsers label what they send (``text/plain``
+  otherwise, or ``content_type_status``). An unlabelled body is taken as JSON: browsers label what they send (``text/plain``
   for a string, a form type for forms), and the one unlabelled case (a ``Blob`` without a type)
   carries an ``Origin`` header, refused above.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import orjson
@@ -39,11 +40,25 @@ def is_json(content_type: str) -> bool:
     )
 
 
-class OriginCheck:
-    """ASGI middleware: Host, Origin and Content-Type checks (module docstring)."""
+def detail_body(status: int, reason: str) -> bytes:
+    """A refusal's body as ``serve`` answers it: ``{"detail": reason}``."""
+    return orjson.dumps({"detail": reason})
 
-    def __init__(self, app: ASGIApp, settings: ServiceSettings) -> None:
+
+class OriginCheck:
+    """ASGI middleware: Host, Origin and Content-Type checks (module docstring); ``body`` makes
+    a refusal's JSON body (the gateway's is vLLM's error body)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        settings: ServiceSettings,
+        body: Callable[[int, str], bytes] = detail_body,
+        content_type_status: int = 415,
+    ) -> None:
         self.app = app
+        self.body = body
+        self.content_type_status = content_type_status
         self.hosts = settings.host_allowlist()
         self.any_host = "*" in self.hosts
         self.origins = settings.origin_allowlist()
@@ -65,7 +80,10 @@ class OriginCheck:
                 )
         kind = headers.get("content-type")
         if scope["method"] == "POST" and kind is not None and not is_json(kind):
-            return 415, "the body must be JSON: send Content-Type: application/json"
+            return (
+                self.content_type_status,
+                "the body must be JSON: send Content-Type: application/json",
+            )
         return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -73,7 +91,7 @@ class OriginCheck:
             refused = self.problem(scope)
             if refused is not None:
                 status, reason = refused
-                body = orjson.dumps({"detail": reason})
+                body = self.body(status, reason)
                 await send(
                     {
                         "type": "http.response.start",

@@ -4,31 +4,66 @@ the settings' address until SIGINT or SIGTERM."""
 
 from __future__ import annotations
 
+import copy
 import gc
 import logging
+import socket
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
 
 from balanceroute.serving.http.settings import ServiceSettings
 
+STAMP = "%(asctime)s "  # every log line starts with its time
+
 
 def configure_logging(settings: ServiceSettings) -> None:
-    """The process's log level and format, from the settings."""
-    logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s:  %(message)s")
+    """The process's log level and format (timestamped), from the settings."""
+    logging.basicConfig(
+        level=settings.log_level.upper(), format=STAMP + "%(levelname)s:  %(message)s"
+    )
 
 
-def serve(app: Any, settings: ServiceSettings, *, collect: bool = False, **options: Any) -> None:
+def uvicorn_log_config() -> dict[str, Any]:
+    """uvicorn's own logging configuration with a timestamp on every line."""
+    config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
+    for formatter in config["formatters"].values():
+        formatter["fmt"] = STAMP + formatter["fmt"]
+    return config
+
+
+class NotifyingServer(uvicorn.Server):
+    """uvicorn's server, calling ``on_shutdown`` the moment shutdown begins (it stops accepting
+    connections, then waits for the open ones), so the app can drain its streams in time."""
+
+    def __init__(self, config: uvicorn.Config, on_shutdown: Callable[[], None]) -> None:
+        super().__init__(config)
+        self.on_shutdown = on_shutdown
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.on_shutdown()
+        await super().shutdown(sockets=sockets)
+
+
+def serve(
+    app: Any,
+    settings: ServiceSettings,
+    *,
+    collect: bool = False,
+    on_shutdown: Callable[[], None] | None = None,
+    **options: Any,
+) -> None:
     """Run ``app`` under uvicorn until stopped (``collect``: a full collection before the heap is
-    frozen; ``options``: more uvicorn options)."""
+    frozen; ``on_shutdown``: called when SIGTERM or SIGINT starts the shutdown; ``options``: more
+    uvicorn options)."""
     if collect:
         gc.collect()
     gc.freeze()
-    uvicorn.run(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        access_log=settings.access_log,
-        **options,
-    )
+    kw = dict(host=settings.host, port=settings.port, log_level=settings.log_level,
+              access_log=settings.access_log, log_config=uvicorn_log_config(),
+              **options)  # fmt: skip
+    if on_shutdown is None:
+        uvicorn.run(app, **kw)
+        return
+    NotifyingServer(uvicorn.Config(app, **kw), on_shutdown).run()

@@ -3,18 +3,21 @@ take of them.
 
 - The engine's view (:class:`CompletionRequest`, :class:`ChatCompletionRequest`), what the
   emulator accepts: every field vLLM's and SGLang's completion and chat APIs commonly accept is
-  declared (sampling parameters are accepted and ignored: the emulator's text is filler); anything
-  else is an unknown field and gets a 400, as do wrong types and out-of-range values.
+  declared (sampling parameters are accepted and ignored: the emulator's text is filler); an
+  unknown field is logged and ignored, as vLLM does; wrong types and out-of-range values get a 400.
 - The gateway's view (:class:`CompletionBody`, :class:`ChatBody`): only the fields the gateway
   reads are checked (anything else passes through to the rank unchanged, which has the last word
   on sampling options): one prompt (text, token ids, or chat messages), ``n = 1`` (one request is
   one sequence on one rank), ``stream`` and ``stream_options`` of the right types, ``max_tokens``
-  at least 1. A body that fails gets a 422 listing each error as ``{"loc", "msg", "type"}``, as
-  ``serve`` answers.
+  at least 1, ``stream_options`` only with ``stream: true`` (as vLLM). A body that fails gets
+  vLLM's 400 ``BadRequestError`` naming each bad field (:mod:`balanceroute.serving.gateway.errors`);
+  ``n > 1`` and batch prompts are refused so, with the reason (the gateway routes one sequence a
+  request; send several requests).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from pydantic import (
@@ -27,6 +30,7 @@ from pydantic import (
     model_validator,
 )
 
+log = logging.getLogger("balanceroute.emulator")
 Prompt = str | list[int]
 
 
@@ -39,18 +43,39 @@ def prompt_batch(prompt: Any) -> list[Prompt]:
 
 
 # ---- the engine's view (the emulator) ----------------------------------------------------------
+def _log_unknown(model: BaseModel) -> None:
+    """vLLM's warning for the fields a request carried that no one reads."""
+    extra = model.model_extra or {}
+    if extra:
+        log.warning(
+            "The following fields were present in the request but ignored: %s", sorted(extra)
+        )
+
+
 class StreamOptions(BaseModel):
     """``stream_options``: ``include_usage`` adds a last chunk with the token counts."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
+
+    @model_validator(mode="after")
+    def _unknown(self) -> StreamOptions:
+        _log_unknown(self)
+        return self
+
     include_usage: bool = False
     continuous_usage_stats: bool = False
 
 
 class _Common(BaseModel):
-    """Fields both endpoints share."""
+    """Fields both endpoints share (unknown ones logged and ignored, as vLLM)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
+
+    @model_validator(mode="after")
+    def _unknown(self) -> _Common:
+        _log_unknown(self)
+        return self
+
     model: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -139,8 +164,19 @@ class _PassCommon(BaseModel):
     model: StrictStr | None = None
     stream: StrictBool = False
     stream_options: PassStreamOptions | None = None
-    n: StrictInt = Field(default=1, ge=1, le=1, description="one sequence a request")
+    n: StrictInt = Field(default=1, ge=1, description="one sequence a request")
     max_tokens: StrictInt | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _one_sequence(self) -> _PassCommon:
+        if self.n != 1:
+            raise ValueError(
+                f"n = {self.n}: the gateway routes one sequence a request (one request is one "
+                "sequence on one rank); send n separate requests"
+            )
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("Stream options can only be defined when `stream=True`.")
+        return self
 
 
 class CompletionBody(_PassCommon):
@@ -152,7 +188,10 @@ class CompletionBody(_PassCommon):
     def _one_prompt(self) -> CompletionBody:
         batch = prompt_batch(self.prompt)
         if len(batch) != 1:
-            raise ValueError(f"the gateway routes one prompt a request, got a batch of {len(batch)}")
+            raise ValueError(
+                f"a batch of {len(batch)} prompts: the gateway routes one prompt a request (one "
+                "request is one sequence on one rank); send one request a prompt"
+            )
         if not batch[0]:
             raise ValueError("the prompt is empty")
         return self

@@ -7,16 +7,35 @@ from typing import Any
 
 import orjson
 
-# The error type of a status when the caller names none (the gateway's answers).
-ERROR_TYPES = {429: "RateLimitError", 502: "BadGatewayError", 503: "ServiceUnavailableError"}
+# The error type of a status when the caller names none (the gateway's answers); vLLM's own
+# ``create_error_response`` says ``BadRequestError`` for a 400, its HTTP errors the status phrase.
+ERROR_TYPES = {
+    400: "BadRequestError",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "NotFoundError",
+    413: "Request Entity Too Large",
+    429: "RateLimitError",
+    500: "InternalServerError",
+    502: "BadGatewayError",
+    503: "ServiceUnavailableError",
+}
 
 
-def error_body(status: int, message: str, type_: str | None = None) -> bytes:
-    """vLLM's (and OpenAI's) error body; ``type_`` defaults by status (else ``APIError``)."""
+def error_object(
+    status: int, message: str, type_: str | None = None, param: str | None = None
+) -> dict[str, Any]:
+    """vLLM's (and OpenAI's) error object ``{"error": {"message", "type", "param", "code"}}``;
+    ``type_`` defaults by status (else ``APIError``)."""
     kind = type_ if type_ is not None else ERROR_TYPES.get(status, "APIError")
-    return orjson.dumps(
-        {"error": {"message": message, "type": kind, "param": None, "code": status}}
-    )
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+
+def error_body(
+    status: int, message: str, type_: str | None = None, param: str | None = None
+) -> bytes:
+    """:func:`error_object` as JSON bytes."""
+    return orjson.dumps(error_object(status, message, type_, param))
 
 
 def usage(prompt: int, completion: int) -> dict[str, int]:

@@ -2,13 +2,15 @@
 or not) and ``GET /v1/models`` (from a rank in rotation).
 
 A request is checked (:mod:`balanceroute.serving.openai.requests`), counted (prompt tokens and key, :mod:`..tokens`) and
-queued in the pool; a full pool answers 429 with ``Retry-After``. From then on
+queued in the pool; a full pool answers 429 with ``Retry-After``, no rank in rotation a 503 with
+``Retry-After`` at once (naming why each rank is out). From then on
 :mod:`~balanceroute.serving.gateway.life` owns its life and
 :class:`~balanceroute.serving.gateway.relay.Relay` moves its bytes.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import aiohttp
@@ -54,6 +56,11 @@ def _queue(
     gw: Gateway, request: Request, data: dict[str, Any], prompt: Any, body: Any, chat: bool
 ) -> Response:
     """Count the prompt, queue the request (429 when the pool is full) and hand it to a relay."""
+    if gw.drain.draining:
+        body = error_body(503, "the gateway is shutting down")
+        return Response(body, 503, {"retry-after": "1", "connection": "close"}, media_type=JSON)
+    if not gw.group.healthy.any():  # nothing could serve it: say so now, not after a wait
+        return _unavailable(gw)
     tokens, _ = gw.counter.count(prompt)
     key, key_hash = prompt_key(prompt)
     try:
@@ -63,6 +70,14 @@ def _queue(
     except PoolFull as full:
         return Response(error_body(429, str(full)), 429, {"retry-after": "1"}, media_type=JSON)
     return Relay(gw, req)
+
+
+def _unavailable(gw: Gateway) -> Response:
+    """503 with ``Retry-After`` (the next health check) naming why each rank is out."""
+    why = "; ".join(f"rank {g}: {e}" for g, e in sorted(gw.health.last_error.items()))
+    retry = str(max(1, math.ceil(gw.settings.health_interval_s)))
+    body = error_body(503, f"no rank is in rotation ({why or 'health checks failing'})")
+    return Response(body, 503, {"retry-after": retry}, media_type=JSON)
 
 
 @router.post("/v1/completions")

@@ -7,8 +7,10 @@ chat; vLLM's chat role chunk with empty content is not a token). TTFT is the fir
 arrival minus the moment the request was sent, ITLs are the gaps between token events, E2E is
 the last token event's arrival (as ``vllm bench serve`` measures). The output token count is the
 ``usage.completion_tokens`` of the last chunk when the server sends it, else the number of
-token events. A request succeeds when it got status 200, at least one token and ``[DONE]``;
-anything else keeps its error message.
+token events. A request succeeds when it got status 200, at least one token, ``[DONE]`` and a
+``stop`` or ``length`` finish (what it asked for: bench sends ``max_tokens`` with ``ignore_eos``);
+a stream the server ended otherwise (vLLM's ``abort`` when it stops) is a failure naming the
+finish reason, and anything else keeps its error message.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import orjson
 
 from balanceroute.serving.openai.sse import DONE_PAYLOAD, EventSplitter, data_payload, token_text
 
+WHOLE = {"stop", "length", None}  # None: a server that sends no finish reason (then [DONE] is all)
+
 
 class RequestRecord:
     """What one request measured (times in seconds, relative to the benchmark start)."""
@@ -29,6 +33,7 @@ class RequestRecord:
     __slots__ = (
         "done",
         "error",
+        "finish_reason",
         "index",
         "n_tokens",
         "queue_s",
@@ -50,6 +55,7 @@ class RequestRecord:
         self.usage_prompt = -1
         self.done = False
         self.error = ""
+        self.finish_reason: str | None = None
 
     @property
     def success(self) -> bool:
@@ -92,6 +98,8 @@ async def stream_request(
                         choices = obj.get("choices")
                         if choices and token_text(choices[0]) is not None:
                             times.append(now - start)
+                        if choices and choices[0].get("finish_reason") is not None:
+                            record.finish_reason = str(choices[0]["finish_reason"])
                         usage = obj.get("usage")
                         if usage:
                             record.usage_completion = int(usage.get("completion_tokens") or 0)
@@ -100,6 +108,10 @@ async def stream_request(
                             record.error = f"error event: {str(obj['error'])[:300]}"
                 if not record.done and not record.error:
                     record.error = "stream ended before data: [DONE]"
+                if not record.error and record.finish_reason not in WHOLE:
+                    record.error = (
+                        f"finish_reason {record.finish_reason!r}: the output was cut short"
+                    )
     except asyncio.CancelledError:
         record.error = "cancelled: the run's time limit was reached"
         raise

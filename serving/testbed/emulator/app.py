@@ -2,12 +2,13 @@
 
 ``POST /v1/completions`` and ``POST /v1/chat/completions`` (streaming as vLLM streams: one SSE
 ``data:`` chunk per token, the last token's chunk carries ``finish_reason``, then a ``usage``
-chunk with empty ``choices`` when ``stream_options.include_usage`` is set, then
+chunk with empty ``choices`` when ``stream_options.include_usage`` is set (and the usage so far in
+every chunk with ``continuous_usage_stats``, as vLLM), then
 ``data: [DONE]``; or one JSON body), ``GET /v1/models``, ``GET /health``, ``GET /metrics``
 (vLLM's metric names) and ``GET /v1/emulator/state`` (the group's counters, for tools).
 Errors use vLLM's body ``{"error": {"message", "type", "param", "code"}}``; request
-validation errors (wrong types, unknown fields, invalid JSON, out-of-range values) are 400s as
-in vLLM. A handler never raises into the server: whatever the client does, the group keeps
+validation errors (wrong types, invalid JSON, out-of-range values) are 400s as in vLLM, and
+unknown fields are logged and ignored as vLLM does. A handler never raises into the server: whatever the client does, the group keeps
 every accepted request until it finishes or the client goes away.
 """
 
@@ -15,11 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from http import HTTPStatus
 from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
@@ -63,6 +66,14 @@ async def _validation_error(request: Request, exc: Exception) -> Response:
     return error_response(400, "; ".join(parts))
 
 
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """FastAPI's own refusals (a body that is not UTF-8 or nests too deep to parse) in vLLM's
+    body: a 400 is a ``BadRequestError``."""
+    assert isinstance(exc, HTTPException)
+    kind = "BadRequestError" if exc.status_code == 400 else HTTPStatus(exc.status_code).phrase
+    return error_response(exc.status_code, str(exc.detail), kind)
+
+
 async def _bad_request(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, BadRequest)
     return error_response(exc.status, str(exc), exc.type)
@@ -86,6 +97,12 @@ class Chunks:
     """Pre-encoded SSE bytes of one streaming request: the same ``mid`` chunk for every token."""
 
     __slots__ = ("include_usage", "last", "mid", "role", "usage_base")
+
+    @staticmethod
+    def with_usage(chunk: bytes, prompt: int, completion: int) -> bytes:
+        """``chunk`` carrying the usage so far (``continuous_usage_stats``), as vLLM sends it."""
+        tail = orjson.dumps(usage(prompt, completion))
+        return chunk[: -len(b"}\n\n")] + b',"usage":' + tail + b"}\n\n"
 
     def __init__(self, chat: bool, rid: str, created: int, model: str, reason: str, usage: bool):
         base = {
@@ -149,6 +166,7 @@ class EmulatedResponse(Response):
         self.rid = prefix + req.request_id
         self.created = int(time.time())
         self.usage_wanted = usage
+        self.continuous = False  # usage in every chunk (stream_options.continuous_usage_stats)
         self.raw_headers = [(b"x-request-id", req.request_id.encode("latin-1", "replace"))]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -184,7 +202,10 @@ class EmulatedResponse(Response):
             if gen > sent:
                 n = gen - sent
                 done = gen >= req.target
-                if sent == 0 or done or n > 1:
+                if self.continuous:
+                    msg["body"] = self._counted(c, sent, gen, done)
+                    msg["more_body"] = not done
+                elif sent == 0 or done or n > 1:
                     parts = [c.role] if sent == 0 and c.role else []
                     plain = n - 1 if done else n
                     if plain:
@@ -212,6 +233,18 @@ class EmulatedResponse(Response):
                 fut = loop.create_future()
                 req.waker = fut
                 await fut
+
+    def _counted(self, c: Chunks, sent: int, gen: int, done: bool) -> bytes:
+        """Tokens ``sent + 1 .. gen``, each chunk with the usage so far."""
+        prompt = self.req.prompt_tokens
+        parts = [Chunks.with_usage(c.role, prompt, 0)] if sent == 0 and c.role else []
+        for k in range(sent + 1, gen + 1):
+            parts.append(Chunks.with_usage(c.last if done and k == gen else c.mid, prompt, k))
+        if done:
+            if self.usage_wanted:
+                parts.append(c.usage(prompt, gen))
+            parts.append(DONE)
+        return b"".join(parts)
 
     async def _whole(self, send: Send, loop: asyncio.AbstractEventLoop) -> None:
         req = self.req
@@ -317,8 +350,11 @@ class RankFront:
             recv_s=request.scope.get("state", {}).get("recv_s"),
         )
         group.submit(req)
-        usage = bool(body.stream_options and body.stream_options.include_usage)
-        return EmulatedResponse(group, req, endpoint == "chat", self.model_name, usage)
+        options = body.stream_options
+        usage = bool(options and options.include_usage)
+        response = EmulatedResponse(group, req, endpoint == "chat", self.model_name, usage)
+        response.continuous = bool(options and options.continuous_usage_stats)
+        return response
 
 
 def create_rank_app(group: DecodeGroup, rank: int) -> FastAPI:
@@ -330,6 +366,7 @@ def create_rank_app(group: DecodeGroup, rank: int) -> FastAPI:
     )
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(BadRequest, _bad_request)
+    app.add_exception_handler(HTTPException, _http_error)
     app.add_middleware(ReceivedAt, clock=group.clock)
     front = RankFront(group, rank)
 

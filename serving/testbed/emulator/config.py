@@ -12,6 +12,9 @@ from balanceroute.router.lab.cost import CostModel, cost_preset
 
 OUTPUT_KINDS = ("geometric", "lognormal", "max")
 DEFAULT_MODEL = "balanceroute-emulator"
+# --time-scale bounds: slower than 1,000x real time is no emulation of a serving engine, and
+# faster than 10,000x steps shorter than the event loop can keep (1e-300 was accepted).
+MIN_TIME_SCALE, MAX_TIME_SCALE = 1e-3, 1e4
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +72,9 @@ class EmulatorConfig:
         checks = [
             (self.ranks >= 1, f"--ranks must be >= 1, got {self.ranks}"),
             (self.slots >= 1, f"--slots must be >= 1, got {self.slots}"),
-            (self.time_scale > 0, f"--time-scale must be > 0, got {self.time_scale}"),
+            (MIN_TIME_SCALE <= self.time_scale <= MAX_TIME_SCALE,
+             f"--time-scale must be within [{MIN_TIME_SCALE:g}, {MAX_TIME_SCALE:g}], "
+             f"got {self.time_scale}"),
             (0 < self.port_base and self.port_base + self.ranks - 1 <= 65535,
              f"ports {self.port_base}..{self.port_base + self.ranks - 1} are not all valid"),
             (self.max_model_len >= 2, f"--max-model-len must be >= 2, got {self.max_model_len}"),

@@ -110,8 +110,6 @@ BAD_BODIES = [
     ({"prompt": "a", "max_tokens": 0}, 400),
     ({"prompt": "a", "max_tokens": "ten"}, 400),
     ({"prompt": 42}, 400),
-    ({"prompt": "a", "surprise": True}, 400),
-    ({"prompt": "a", "stream_options": {"include_usage": True, "x": 1}}, 400),
     ({"max_tokens": 3}, 400),
     ({"prompt": ""}, 400),
     ({"prompt": ["a", "b"]}, 400),

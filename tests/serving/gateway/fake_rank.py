@@ -1,0 +1,107 @@
+"""A small vLLM-like rank for the gateway's fault tests: ``python -m tests.serving.gateway.fake_rank
+PORT [--key KEY]``. It streams vLLM's completion chunks (``logprobs`` when asked, ``token_ids``,
+``stop_reason``, ``system_fingerprint``, the id built from ``x-request-id``) and misbehaves on cue,
+by the prompt: ``abort-before`` (the first such request ends with ``finish_reason`` ``abort``
+before any token, as vLLM does when it stops), ``abort-mid`` (two tokens, then ``abort``),
+``hang-before`` (the first such request never sends a token), ``hang-mid`` (two tokens, then
+silence); ``POST /control {"health": "ok" | "fail" | "flaky"}`` sets what ``/health`` answers
+(``flaky``: 503 every other call); with ``--key`` every ``/v1`` call without that bearer key is a 401."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+MODEL = "fake"
+seen = {"abort-before": 0, "hang-before": 0}
+HANG_S = 120.0
+
+
+def _chunk(rid: str, text: str, reason: str | None, n: int, prompt: int, logprobs: int | None,
+           token: int | None) -> bytes:  # fmt: skip
+    choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason,
+                              "stop_reason": None, "token_ids": [token] if token is not None else []}  # fmt: skip
+    if logprobs is not None and token is not None:
+        choice["logprobs"] = {"text_offset": [n], "token_logprobs": [-0.5], "tokens": [text],
+                              "top_logprobs": [{text: -0.5}]}  # fmt: skip
+    obj = {"id": rid, "object": "text_completion", "created": 1700000000, "model": MODEL,
+           "system_fingerprint": "fp-fake", "choices": [choice],
+           "usage": {"prompt_tokens": prompt, "completion_tokens": n,
+                     "total_tokens": prompt + n}}  # fmt: skip
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    key = request.app["key"]
+    if key is not None and request.headers.get("authorization") != f"Bearer {key}":
+        return web.json_response({"error": "Unauthorized"}, status=401)
+    body = await request.json()
+    prompt = str(body.get("prompt"))
+    rid = "cmpl-" + request.headers.get("x-request-id", "x")
+    want = int(body.get("max_tokens") or 16)
+    logprobs = body.get("logprobs")
+    resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+    await resp.prepare(request)
+    if "abort-before" in prompt and seen["abort-before"] == 0:
+        seen["abort-before"] += 1
+        await resp.write(_chunk(rid, "", "abort", 0, 3, None, None) + b"data: [DONE]\n\n")
+        return resp
+    if "hang-before" in prompt and seen["hang-before"] == 0:
+        seen["hang-before"] += 1
+        await asyncio.sleep(HANG_S)
+    cut = 2 if "abort-mid" in prompt else None
+    for n in range(1, want + 1):
+        await asyncio.sleep(0.005)
+        if "hang-mid" in prompt and n == 3:
+            await asyncio.sleep(HANG_S)
+        if cut is not None and n > cut:
+            await resp.write(_chunk(rid, "", "abort", n - 1, 3, None, None))
+            break
+        await resp.write(_chunk(rid, " t", "length" if n == want else None, n, 3, logprobs, n))
+    await resp.write(b"data: [DONE]\n\n")
+    return resp
+
+
+async def health(request: web.Request) -> web.Response:
+    mode = request.app["health"]
+    request.app["health_calls"] += 1
+    if mode == "fail" or (mode == "flaky" and request.app["health_calls"] % 2 == 0):
+        return web.Response(status=503, text="sick")
+    return web.Response(text="")
+
+
+async def control(request: web.Request) -> web.Response:
+    request.app["health"] = (await request.json())["health"]
+    return web.Response(text="ok")
+
+
+async def models(request: web.Request) -> web.Response:
+    key = request.app["key"]
+    if key is not None and request.headers.get("authorization") != f"Bearer {key}":
+        return web.json_response({"error": "Unauthorized"}, status=401)
+    return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model",
+                                                          "created": int(time.time())}]})  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("port", type=int)
+    parser.add_argument("--key")
+    args = parser.parse_args()
+    app = web.Application()
+    app["key"] = args.key
+    app["health"], app["health_calls"] = "ok", 0
+    app.router.add_post("/control", control)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
+    web.run_app(app, host="127.0.0.1", port=args.port, print=None)
+
+
+if __name__ == "__main__":
+    main()

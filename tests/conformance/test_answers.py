@@ -70,23 +70,16 @@ def _served_like_vllm(engine: Engine, gateway: Gateway, payload: dict[str, Any])
     assert error_of(got)["message"]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 18: n > 1 is neither served as vLLM does nor "
-                   "refused with vLLM's 400")  # fmt: skip
 def test_n_above_one(engine: Engine, gateway: Gateway) -> None:
     """``n = 2`` is served with two choices, or refused with vLLM's 400 and a reason."""
     _served_like_vllm(engine, gateway, body(engine.model, n=2, temperature=1.0, seed=1))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 18: batch prompts are neither served as vLLM does "
-                   "nor refused with vLLM's 400")  # fmt: skip
 def test_batch_prompts(engine: Engine, gateway: Gateway) -> None:
     """A list of two prompts is served with two choices, or refused with vLLM's 400."""
     _served_like_vllm(engine, gateway, {**body(engine.model), "prompt": ["hello", "world"]})
 
 
-@pytest.mark.xfail(
-    strict=True, reason="issue 18: the rank's id is replaced in non-streaming answers"
-)
 def test_request_id_both_ways(engine: Engine, gateway: Gateway) -> None:
     """``x-request-id`` comes back as a header, and reaches the rank (its id carries it)."""
     rid = "conformance-rid-1"

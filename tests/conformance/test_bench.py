@@ -12,7 +12,6 @@ from tests.conformance.fakes import AbortingRank
 from tests.conformance.processes import run_bench, write_trace
 
 
-@pytest.mark.xfail(strict=True, reason="issue 18: bench exits 0 when every request failed")
 def test_bench_fails_when_every_request_failed(engine: Engine, tmp_path: Path) -> None:
     """Every request refused (401: no key for a server that wants one): bench exits non-zero."""
     if engine.dp_url is None or engine.dp_api_key is None:
@@ -25,8 +24,6 @@ def test_bench_fails_when_every_request_failed(engine: Engine, tmp_path: Path) -
     assert done.returncode != 0, done.stdout[-500:]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 18: bench counts a stream that ended with "
-                   "finish_reason abort as completed")  # fmt: skip
 def test_bench_counts_only_whole_requests(engine: Engine, tmp_path: Path) -> None:
     """Streams ended as vLLM ends them when stopped (finish_reason abort after a few tokens)
     are not completed: bench's ``completed`` counts requests that got what they asked for."""

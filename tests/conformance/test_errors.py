@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import time
-from typing import Any
 
 import httpx
 import openai
@@ -22,20 +21,7 @@ BAD_BODIES = {
     "stream-options-without-stream": lambda m: {**body(m), "stream": False,
                                                 "stream_options": {"include_usage": True}},
 }  # fmt: skip
-VALIDATION_XFAIL = pytest.mark.xfail(
-    strict=True, reason="issue 18: validation errors are 422 {'detail'}, vLLM's are 400 {'error'}"
-)
-STREAM_OPTIONS_XFAIL = pytest.mark.xfail(
-    strict=True, reason="issue 18: stream false with stream_options is accepted (vLLM: 400)"
-)
-
-
-def _case(name: str) -> Any:
-    mark = STREAM_OPTIONS_XFAIL if name.startswith("stream-options") else VALIDATION_XFAIL
-    return pytest.param(name, marks=mark, id=name)
-
-
-@pytest.mark.parametrize("case", [_case(n) for n in BAD_BODIES])
+@pytest.mark.parametrize("case", list(BAD_BODIES))
 def test_validation_error_is_vllms(engine: Engine, gateway: Gateway, case: str) -> None:
     """The same bad request gets the same status and error type from the gateway as from vLLM."""
     payload = BAD_BODIES[case](engine.model)
@@ -47,7 +33,6 @@ def test_validation_error_is_vllms(engine: Engine, gateway: Gateway, case: str) 
     assert got["code"] == want["code"], (got, want)
 
 
-@VALIDATION_XFAIL
 def test_invalid_json_is_vllms(engine: Engine, gateway: Gateway) -> None:
     """A body that is not JSON gets vLLM's status and error type."""
     raw = {"content": b'{"prompt": "hi", ', "headers": {"content-type": "application/json"}}
@@ -58,7 +43,6 @@ def test_invalid_json_is_vllms(engine: Engine, gateway: Gateway) -> None:
     assert error_of(via)["code"] == want["code"]
 
 
-@VALIDATION_XFAIL
 def test_openai_client_raises_the_same(engine: Engine, gateway: Gateway) -> None:
     """The official client raises the same exception class, type and param, with a message."""
 
@@ -72,7 +56,6 @@ def test_openai_client_raises_the_same(engine: Engine, gateway: Gateway) -> None
     assert isinstance(got.body, dict) and got.body.get("message"), got.message
 
 
-@pytest.mark.xfail(strict=True, reason="issue 18: the gateway's 401 body is {'detail'}")
 def test_auth_error_is_vllms(engine: Engine, start_gateway) -> None:
     """Without the bearer token: 401 with vLLM's body, AuthenticationError from the client."""
     if engine.dp_url is None or engine.dp_api_key is None:
@@ -92,20 +75,8 @@ GUARD_CASES = {
     "origin": {"origin": "http://evil.example"},
     "content-type": {"content-type": "text/plain"},
 }
-GUARD_STATUS = {"host": 400, "origin": 403}  # vLLM has no such guard: the gateway's own status
-GUARD_XFAIL = pytest.mark.xfail(strict=True, reason="issue 18: guard errors are {'detail'}")
-CONTENT_TYPE_XFAIL = pytest.mark.xfail(
-    strict=True,
-    reason="issue 18: a non-JSON content type is 415 {'detail'}, vLLM's is 400 {'error'}",
-)
-
-
-def _guard(name: str) -> Any:
-    mark = CONTENT_TYPE_XFAIL if name == "content-type" else GUARD_XFAIL
-    return pytest.param(name, marks=mark, id=name)
-
-
-@pytest.mark.parametrize("case", [_guard(n) for n in GUARD_CASES])
+GUARD_STATUS = {"host": 400, "origin": 403}  # vLLM has no Host/Origin check: the gateway's own status
+@pytest.mark.parametrize("case", list(GUARD_CASES))
 def test_guard_error_has_vllms_body(engine: Engine, gateway: Gateway, case: str) -> None:
     """Host, Origin and Content-Type refusals carry vLLM's error body (and its status, where
     vLLM refuses the same request too)."""
@@ -122,7 +93,6 @@ def test_guard_error_has_vllms_body(engine: Engine, gateway: Gateway, case: str)
     error_of(via)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 18: the gateway's 413 body is plain text")
 def test_body_too_large_has_vllms_body(engine: Engine, start_gateway) -> None:
     """A body above BALANCEROUTE_MAX_BODY_BYTES: 413 with vLLM's error body."""
     gw = start_gateway(engine.ranks, env={"BALANCEROUTE_MAX_BODY_BYTES": "1024"})

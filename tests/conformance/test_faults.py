@@ -17,12 +17,11 @@ from tests.conformance.shapes import error_of
 from tests.conformance.wire import body, stream
 
 
-@pytest.mark.xfail(strict=True, reason="issue 18: no first-token deadline; requests sent to a "
-                   "rank that never answers hang (upstream timeout 3,600 s)")  # fmt: skip
 def test_hanging_rank_is_rerouted(engine: Engine, start_gateway) -> None:
     """A rank whose /health answers but whose completions hang: its requests are re-routed."""
     with HangingRank() as hung:
-        gw = start_gateway([hung.url, engine.ranks[0]], ready="/readyz")
+        gw = start_gateway([hung.url, engine.ranks[0]], "--first-token-timeout", "10s",
+                           ready="/readyz")  # fmt: skip
         t0 = time.monotonic()
         with cf.ThreadPoolExecutor(4) as pool:
             done = list(pool.map(lambda _: stream(gw.url, body(engine.model), timeout_s=60.0),
@@ -33,8 +32,6 @@ def test_hanging_rank_is_rerouted(engine: Engine, start_gateway) -> None:
     assert took < 60.0
 
 
-@pytest.mark.xfail(strict=True, reason="issue 18: a rank answering 401 stays in rotation and "
-                   "its requests fail (no passive health)")  # fmt: skip
 def test_unauthorized_rank_leaves_rotation(engine: Engine, start_gateway) -> None:
     """A rank that answers 401 (wrong upstream key) is taken out, naming the cause; none fail."""
     if engine.dp_url is None or engine.dp_api_key is None:
@@ -48,8 +45,6 @@ def test_unauthorized_rank_leaves_rotation(engine: Engine, start_gateway) -> Non
     assert "401" in gw.output(), gw.output()[-2000:]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 18: with no rank in rotation a request waits in the "
-                   "pool instead of a prompt 503 with Retry-After")  # fmt: skip
 def test_no_rank_in_rotation_is_503(engine: Engine, start_gateway) -> None:
     """No rank in rotation: 503 with Retry-After and vLLM's body within a bounded wait."""
     gw = start_gateway([f"http://127.0.0.1:{free_port()}"])
@@ -63,8 +58,6 @@ def test_no_rank_in_rotation_is_503(engine: Engine, start_gateway) -> None:
     error_of(resp)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 18: on SIGTERM in-flight streams are cut without "
-                   "an SSE error event and [DONE]")  # fmt: skip
 def test_gateway_sigterm_ends_streams_cleanly(engine: Engine, start_gateway) -> None:
     """SIGTERM to the gateway: every stream ends with [DONE] (an error event if cut), no traceback."""
     gw = start_gateway(engine.ranks)

@@ -30,7 +30,6 @@ def read_log(out: Path) -> pd.DataFrame:
     return pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 18: the completion log has no finish_reason")
 def test_log_records_finish_reason(engine: Engine, start_gateway, tmp_path: Path) -> None:
     """Each logged request carries the finish_reason the rank sent."""
     gw = start_gateway(engine.ranks, "--out", str(tmp_path / "gw"))
@@ -87,8 +86,6 @@ def _cut(requests: pd.DataFrame) -> int:
 
 
 @pytest.mark.stops_rank
-@pytest.mark.xfail(strict=True, reason="issue 18: no finish_reason in the completion log; a "
-                   "stream vLLM aborted may be logged as completed with its cut length")  # fmt: skip
 def test_log_has_no_truncated_rows_after_rank_stop(rank_stopped_run: dict[str, Any]) -> None:
     """After a rank's SIGTERM the log holds only whole requests, each with its finish_reason."""
     requests = rank_stopped_run["via"][1]

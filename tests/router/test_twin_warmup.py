@@ -9,7 +9,7 @@ import pandas as pd
 from balanceroute.predict.survival import SurvivalEstimator
 from balanceroute.router.lab import twin_warmup
 from balanceroute.router.lab.prefill import PrefillConfig
-from balanceroute.router.lab.runner import ReplaySpec, released_requests
+from balanceroute.router.lab.runner import ReplaySpec, released_requests, simulate_workload
 from balanceroute.router.lab.twin import DecodeTwin, SequentialTest, TwinConfig, TwinGroup
 from balanceroute.router.lab.twin_schedule import scheduled_weight, twin_schedule
 from balanceroute.router.lab.twin_warmup import warm_split, warm_start, warm_up
@@ -103,3 +103,15 @@ def test_a_window_weight_depends_only_on_requests_before_it():
     for start in range(0, 151, 10):
         assert scheduled_weight(a, start, 0.0) == scheduled_weight(b, start, 0.0)
     assert scheduled_weight(a, 0, 0.0)[0] == warm.test.weight
+
+
+def test_simulate_warms_the_live_twin_up_on_the_training_portion(tmp_path):
+    trace = _trace(600)
+    spec = _replay_spec(RouterSpec.parse("brh:survival{horizon=16;twin_warm=0.6}"))
+    summary = simulate_workload(trace, {"kind": "test"}, spec, tmp_path / "a", train_fraction=0.5)
+    assert summary["twin_warm_fit_requests"] == 120 and summary["twin_warm_requests"] == 180
+    assert summary["twin_warm_blocks"] >= 1
+    assert summary["twin_decisions"] >= summary["twin_warm_blocks"]  # the live twin continues
+    off = _replay_spec(RouterSpec.parse("brh:survival{horizon=16;twin_warm=0}"))
+    summary = simulate_workload(trace, {"kind": "test"}, off, tmp_path / "b", train_fraction=0.5)
+    assert "twin_warm_blocks" not in summary

@@ -51,7 +51,8 @@ from balanceroute.predict.base import CompletedBatch, CompletionEstimator, Fitti
 from balanceroute.router.lab.ab import replay_windows
 from balanceroute.router.lab.prefill import PrefillConfig
 from balanceroute.router.lab.runner import ReplaySpec, released_requests, replay
-from balanceroute.router.lab.twin import DecodeTwin, TwinGroup, finished_all
+from balanceroute.router.lab.twin import DecodeTwin, TwinGroup
+from balanceroute.router.lab.twin_schedule import finished_all
 from balanceroute.router.policies.policy import Policy, RunContext
 from balanceroute.router.policies.specs import RouterSpec
 from balanceroute.router.policies.state import Admissions, RouterState

@@ -31,13 +31,9 @@ from balanceroute.router.lab.cost import CostModel
 from balanceroute.router.lab.paired import HIGHER_IS_BETTER, paired_ratio
 from balanceroute.router.lab.prefill import PrefillConfig
 from balanceroute.router.lab.runner import ReplaySpec, released_requests, replay
-from balanceroute.router.lab.twin import (
-    TwinConfig,
-    TwinGroup,
-    scheduled_weight,
-    twin_managed,
-    twin_schedule,
-)
+from balanceroute.router.lab.twin import TwinConfig, TwinGroup, twin_managed
+from balanceroute.router.lab.twin_schedule import scheduled_weight, twin_schedule
+from balanceroute.router.lab.twin_warmup import warm_start
 from balanceroute.router.policies.specs import RouterSpec
 
 TRAJECTORY_WINDOW = 1500
@@ -231,9 +227,11 @@ def twin_schedules(
     cfg: ABConfig,
     jobs: int,
     progress=None,
+    history: pd.DataFrame | None = None,
 ) -> dict[tuple[str, int], tuple[list, dict[str, Any]]]:
     """For every twin-managed arm and G: the twin run over the replayed requests in arrival
-    order (each window then routes with the weight decided on the requests before it)."""
+    order (each window then routes with the weight decided on the requests before it), after
+    a warm-up on ``history`` (the training portion) where the arm's estimator trains on it."""
     from joblib import Parallel, delayed
 
     todo = []
@@ -259,7 +257,15 @@ def twin_schedules(
         )
         released, _ = released_requests(replay_frame, spec)
         group = TwinGroup(arm, g, cfg.slots, cfg.cost, cfg.seed)
-        return twin_schedule(group, copy.deepcopy(fitted.get(arm.label)), released, cfg.twin)
+        warm = warm_start(history, spec, cfg.twin, _horizon(arm, cfg))
+        entries, stats = twin_schedule(
+            group,
+            copy.deepcopy(fitted.get(arm.label)),
+            released,
+            cfg.twin,
+            warm=None if warm is None else warm.test,
+        )
+        return entries, {**stats, **({} if warm is None else warm.stats())}
 
     done = Parallel(n_jobs=jobs, verbose=0)(delayed(one)(a, g) for a, g in todo)
     return {(a.label, g): r for (a, g), r in zip(todo, done, strict=True)}
@@ -294,7 +300,10 @@ def run_ab(
             for g in cfg.workers
             for r, (start, stop) in enumerate(windows)
         ]
-    schedules = twin_schedules(replay_frame, fitted, cfg, jobs, progress)
+    history = None
+    if "history_requests" in info:  # the training portion, for the twin's warm-up
+        history, _ = time_split(frame, cfg.train_fraction, rebase_tail=True)
+    schedules = twin_schedules(replay_frame, fitted, cfg, jobs, progress, history)
     for t in tasks:
         if (t.arm.label, t.workers) in schedules:
             t.twin = scheduled_weight(

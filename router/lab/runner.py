@@ -36,12 +36,13 @@ from balanceroute.router.lab.prefill import (
 from balanceroute.router.lab.records import write_records
 from balanceroute.router.lab.simulator import SimConfig, SimResult, simulate
 from balanceroute.router.lab.twin import (
-    ScheduledBlend,
+    SequentialTest,
     TwinConfig,
     TwinGroup,
     attach_twin,
     twin_managed,
 )
+from balanceroute.router.lab.twin_schedule import ScheduledBlend
 from balanceroute.router.policies.policy import Policy
 from balanceroute.router.policies.specs import RouterSpec
 
@@ -145,11 +146,13 @@ def replay(
     wrap: Callable[[Policy], Policy] | None = None,
     twin: TwinConfig | None = None,
     scheduled: tuple[float, dict[str, Any]] | None = None,
+    warm: SequentialTest | None = None,
 ) -> tuple[SimResult, dict[str, Any]]:
     """Replay ``frame`` under ``spec``; returns the raw result and its summary. ``wrap`` may
     put the spec's policy inside another (one that watches the run, say). A twin-managed BR-H
     runs beside a live twin (``twin`` configures it), or at a weight a twin chose before the
-    run (``scheduled``: weight and that twin's statistics)."""
+    run (``scheduled``: weight and that twin's statistics); ``warm``: the live twin's test
+    after its warm-up on earlier traffic (router/lab/twin_warmup.py)."""
     if released is None:
         released, scale = released_requests(frame, spec)
     else:
@@ -161,7 +164,7 @@ def replay(
             policy = ScheduledBlend(policy, *scheduled)
         else:
             group = TwinGroup(spec.router, spec.workers, spec.slots, spec.cost, spec.seed)
-            policy = attach_twin(policy, group, released, twin)
+            policy = attach_twin(policy, group, released, twin, warm)
     if wrap is not None:
         policy = wrap(policy)
     config = SimConfig(
@@ -218,8 +221,8 @@ def simulate_workload(
     est_spec = spec.router.estimator
     estimator = None
     trained_on = None
+    history = None
     if est_spec is not None:
-        history = None
         if est_spec.needs_history:
             history, frame = time_split(frame, train_fraction, rebase_tail=True)
             trained_on = {"requests": len(history), "fraction": train_fraction}
@@ -234,10 +237,27 @@ def simulate_workload(
             replay=frame,
             horizon=max(1, DEFAULT_HORIZON if horizon is None else horizon),
         )
+    warm = None
     if remote is not None:
         preflight(remote.url)
         estimator = RemoteEstimator(remote.url, fallback=estimator, timeout_s=remote.timeout_s)
-    result, summary = replay(frame, spec, estimator=estimator, progress=progress)
+    elif twin_managed(spec.router.build_policy(estimator)):
+        from balanceroute.router.lab.twin_warmup import warm_start  # it imports this module
+
+        horizon = spec.router.horizon
+        warm = warm_start(
+            history, spec, TwinConfig(), max(1, DEFAULT_HORIZON if horizon is None else horizon)
+        )
+        if warm is not None:
+            log(
+                f"twin: warm-up on {warm.warm_requests} training requests "
+                f"({warm.test.decisions} blocks), starting at w = {warm.test.weight:g}"
+            )
+    result, summary = replay(
+        frame, spec, estimator=estimator, progress=progress, warm=None if warm is None else warm.test
+    )
+    if warm is not None:
+        summary.update(warm.stats())
     warning = load_warning(summary["load"]) if "load" in summary else None
     if warning is not None:
         log(f"warning: {warning}")

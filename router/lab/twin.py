@@ -68,8 +68,14 @@ class TwinConfig:
     # G = 8, B = 64 group at 60 ms iterations on this machine (0.47 ms a twin iteration with
     # gbdt, benchmarks/perf/router_latency.py); a twin behind skips to the newest block
     work_ratio: float = 5.0
+    # share of an on-the-fly estimator's training portion the twin replays before the run
+    # (its own estimator fits on the rest, the earlier part): evidence before the first
+    # window, leakage-free (router/lab/twin_warmup.py); 0 turns the warm start off
+    warm_start: float = 2 / 3
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.warm_start < 1.0:
+            raise ValueError(f"warm_start must be in [0, 1), got {self.warm_start}")
         if 0.0 not in self.candidates or self.start_weight not in self.candidates:
             raise ValueError("the candidates must hold 0 and the start weight")
         if self.overlap < 1:
@@ -252,12 +258,18 @@ class DecodeTwin:
         config: TwinConfig | None = None,
         *,
         baseline: dict[int, tuple[float, float, int, int]] | None = None,
+        warm: SequentialTest | None = None,
     ) -> None:
         self.cfg = config or TwinConfig()
         self.group = group
         self.size = self.cfg.block_size(group.workers, group.slots)
         self.shadow = ShadowEstimator(estimator)
-        self.test = SequentialTest(tuple(self.cfg.candidates), self.cfg)
+        # a warm start continues the test a warm-up twin ran on earlier traffic
+        self.test = (
+            SequentialTest(tuple(self.cfg.candidates), self.cfg)
+            if warm is None
+            else copy.deepcopy(warm)
+        )
         self.stride = max(1, self.size // self.cfg.overlap)
         self.parts: list[Finished] = []
         self.known = np.zeros(0, dtype=np.bool_)  # finished, by arrival index
@@ -459,110 +471,12 @@ def attach_twin(
     group: TwinGroup,
     released: ReleasedRequests,
     config: TwinConfig | None = None,
+    warm: SequentialTest | None = None,
 ) -> Policy:
     """``policy`` driven by a live twin when it is twin-managed, else ``policy`` itself. The
-    twin's estimator is a copy of the policy's, taken now (before any request arrived)."""
+    twin's estimator is a copy of the policy's, taken now (before any request arrived); a
+    ``warm`` test (a warm-up on earlier traffic) is where its sequential test starts."""
     if not twin_managed(policy):
         return policy
-    twin = DecodeTwin(group, policy.estimator, config)
+    twin = DecodeTwin(group, policy.estimator, config, warm=warm)
     return TwinDriver(policy, twin, released)
-
-
-class ScheduledBlend(Policy):
-    """A twin-managed policy at the weight a twin chose before the run (the A/B's windows:
-    the twin decided on the requests before the window), with that twin's statistics."""
-
-    def __init__(self, inner: Policy, weight: float, stats: dict[str, Any]) -> None:
-        self.inner = inner
-        self.weight = weight
-        self.stats = stats
-        self.name = inner.name
-        self.maximal = inner.maximal
-
-    def reset(self, ctx: RunContext) -> None:
-        super().reset(ctx)
-        self.inner.reset(ctx)
-        self.inner.set_blend(self.weight)
-
-    def route(self, state: RouterState) -> Admissions:
-        return self.inner.route(state)
-
-    def on_complete(self, positions, output_tokens, finish_s, iteration) -> None:
-        self.inner.on_complete(positions, output_tokens, finish_s, iteration)
-
-    def run_stats(self) -> dict[str, Any]:
-        return {**self.inner.run_stats(), **self.stats, "twin_weight_mean": self.weight}
-
-    def describe(self) -> dict[str, Any]:
-        return self.inner.describe()
-
-
-@dataclass(frozen=True)
-class ScheduleEntry:
-    """The twin's weight once the requests before ``known_from`` have all finished."""
-
-    known_from: int  # arrival index from which the decision is known
-    weight: float
-    decisions: int
-    switches: int
-
-
-def finished_all(released: ReleasedRequests, block: int) -> Finished:
-    """Every request of a replayed trace as a completion, each known to have finished by the
-    first release two blocks later (a conservative completion lag for the shadow estimator)."""
-    n = released.size
-    idx = np.arange(n, dtype=np.int64)
-    later = np.minimum((idx // block + 2) * block, n - 1)
-    finish = np.where(later > idx, released.release_s[later], np.inf)
-    t = released.table
-    return Finished(
-        idx,
-        released.release_s,
-        t.prompt_tokens,
-        t.prompt_key,
-        t.trace_index,
-        released.output_tokens,
-        finish,
-    )
-
-
-def twin_schedule(
-    group: TwinGroup,
-    estimator: CompletionEstimator | None,
-    released: ReleasedRequests,
-    config: TwinConfig | None = None,
-) -> tuple[list[ScheduleEntry], dict[str, Any]]:
-    """The twin run over a whole trace's past, block by block: after each block, from which
-    arrival on its decision is known (a block's length after the block's end: the block must
-    have finished) and the weight. A window starting at request ``s`` uses the last entry with
-    ``known_from <= s`` (causal: only requests before the window)."""
-    twin = DecodeTwin(group, estimator, config)
-    twin.observe(finished_all(released, twin.size))
-    entries = []
-    while twin.ready():
-        twin.step()
-        t = twin.test
-        entries.append(
-            ScheduleEntry(
-                (twin.next_block - 1) * twin.stride + 2 * twin.size,
-                t.weight,
-                t.decisions,
-                t.switches,
-            )
-        )
-    return entries, twin.stats()
-
-
-def scheduled_weight(
-    entries: list[ScheduleEntry], start: int, default: float
-) -> tuple[float, dict[str, Any]]:
-    """The weight a window starting at arrival ``start`` routes with, and what it rests on."""
-    known = [e for e in entries if e.known_from <= start]
-    if not known:
-        return default, {"twin_weight": default, "twin_decisions": 0, "twin_switches": 0}
-    e = known[-1]
-    return e.weight, {
-        "twin_weight": e.weight,
-        "twin_decisions": e.decisions,
-        "twin_switches": e.switches,
-    }

@@ -109,6 +109,14 @@ class BalanceRouteConfig:
             "at 0, in place of the guard; twin=false;guard=false uses the estimator as it is"
         },
     )
+    twin_warm: float | None = field(
+        default=None,
+        metadata={
+            "help": "share of an on-the-fly estimator's training portion the twin replays "
+            "before the run (its own estimator fits on the rest; router/lab/twin_warmup.py): "
+            "0 turns the warm start off; default the run's (2/3)"
+        },
+    )
     blend: float | None = field(
         default=None,
         metadata={"help": "a fixed blend weight w in [0, 1] (overrides the twin and the guard)"},
@@ -146,6 +154,10 @@ class BalanceRouteConfig:
             (self.penalty in PENALTIES, f"penalty must be one of {PENALTIES}"),
             (0 < self.confidence <= 1, f"confidence must be in (0, 1], got {self.confidence}"),
             (self.refresh >= 1, f"refresh must be >= 1, got {self.refresh}"),
+            (
+                self.twin_warm is None or 0 <= self.twin_warm < 1,
+                f"twin_warm must be in [0, 1), got {self.twin_warm}",
+            ),
             (self.repredict >= 1, f"repredict must be >= 1, got {self.repredict}"),
             (self.predict_every >= 1, f"predict_every must be >= 1, got {self.predict_every}"),
             (self.max_overtake is None or self.max_overtake >= 1, "max_overtake must be >= 1"),

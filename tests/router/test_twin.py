@@ -12,15 +12,13 @@ from balanceroute.router.lab.simulator import SimConfig, simulate
 from balanceroute.router.lab.twin import (
     DecodeTwin,
     Finished,
-    ScheduleEntry,
     SequentialTest,
     ShadowEstimator,
     TwinConfig,
     TwinDriver,
     TwinGroup,
-    scheduled_weight,
-    twin_schedule,
 )
+from balanceroute.router.lab.twin_schedule import ScheduleEntry, scheduled_weight, twin_schedule
 from balanceroute.router.policies.balance_route import BRHPolicy
 from balanceroute.router.policies.specs import RouterSpec
 from tests.router.helpers import frame, released

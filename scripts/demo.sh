@@ -46,8 +46,10 @@ balanceroute evaluate --trace "$WORK/replay.parquet" --estimator survival,exactm
 
 step "4/5 A/B replay of every router and estimator (saturated decode tier, G=8, B=32)"
 M="models:/completion-predictor"
+# The default brh lets its twin decide how much to trust each estimator; the last learned arm is
+# gbdt used as it is (no twin, no guard), so the table shows what the prediction is worth.
 balanceroute ab --trace "$WORK/replay.parquet" \
-    --arms "count-jsq,token-jsq,br0,brh:none,brh:survival@$M@survival,brh:exactmatch@$M@exactmatch,brh:gbdt@$M@gbdt,brh:oracle" \
+    --arms "count-jsq,token-jsq,br0,brh:none,brh:survival@$M@survival,brh:exactmatch@$M@exactmatch,brh:gbdt@$M@gbdt,brh:gbdt@$M@gbdt{twin=false;guard=false},brh:oracle" \
     --workers 8 --slots 32 --repeats 3 --saturate --jobs 2 --out "$WORK/ab"
 
 step "5/5 done"

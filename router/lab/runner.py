@@ -7,33 +7,32 @@ builds policies the same way and records the same configuration.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from balanceroute.features.constants import DEFAULT_HORIZON
-from balanceroute.features.errors import UserError
 from balanceroute.features.files import write_json
 from balanceroute.features.schema import to_arrays
 from balanceroute.features.split import time_split
 from balanceroute.predict.base import CompletionEstimator
 from balanceroute.predict.factory import build_estimator
 from balanceroute.predict.remote import RemoteEstimator, preflight
-from balanceroute.router.lab.cost import CostModel
 from balanceroute.router.lab.metrics import summarize
 from balanceroute.router.lab.prefill import (
-    PrefillConfig,
     ReleasedRequests,
     arrival_rps,
     decode_capacity_rps,
     prefill_capacity_rps,
-    rate_scale_for_load,
-    release,
-    sized_prefill,
 )
 from balanceroute.router.lab.records import write_records
+from balanceroute.router.lab.replay_spec import (
+    ReplaySpec,
+    released_requests,
+    resolved_prefill,
+)
 from balanceroute.router.lab.simulator import SimConfig, SimResult, simulate
 from balanceroute.router.lab.twin import (
     SequentialTest,
@@ -43,56 +42,8 @@ from balanceroute.router.lab.twin import (
     twin_managed,
 )
 from balanceroute.router.lab.twin_schedule import ScheduledBlend
+from balanceroute.router.lab.twin_warmup import warm_start
 from balanceroute.router.policies.policy import Policy
-from balanceroute.router.policies.specs import RouterSpec
-
-MAX_SLOTS_TOTAL = 2**22  # slots of the whole group: per-slot state stays within memory
-
-
-@dataclass(frozen=True, slots=True)
-class ReplaySpec:
-    """Everything that defines one replay besides the requests."""
-
-    router: RouterSpec = field(default_factory=lambda: RouterSpec("count-jsq"))
-    workers: int = 8
-    slots: int = 64
-    seed: int = 0
-    cost: CostModel = field(default_factory=CostModel)
-    prefill: PrefillConfig = field(default_factory=PrefillConfig)
-    load: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.workers < 1 or self.slots < 1:
-            raise UserError(
-                f"need at least one worker and one slot, got G={self.workers}, B={self.slots}"
-            )
-        if self.workers * self.slots > MAX_SLOTS_TOTAL:
-            raise UserError(
-                f"G x B is at most {MAX_SLOTS_TOTAL:,} slots in a replay, got "
-                f"{self.workers:,} x {self.slots:,}"
-            )
-
-
-def resolved_prefill(frame: pd.DataFrame, spec: ReplaySpec) -> PrefillConfig:
-    """The prefill tier of a replay: ``--load`` turned into a rate scale, ``instances = 0``
-    into as many instances as the arrivals need."""
-    arrays = to_arrays(frame)
-    prefill = spec.prefill
-    if spec.load is not None:
-        if prefill.saturate:
-            raise UserError("give either --load or --saturate, not both")
-        scale = rate_scale_for_load(arrays, spec.load, spec.workers, spec.slots, spec.cost)
-        prefill = PrefillConfig(**{**asdict(prefill), "rate_scale": scale})
-    rps = arrival_rps(arrays, prefill.rate_scale)
-    if prefill.saturate or rps is None:
-        return PrefillConfig(**{**asdict(prefill), "instances": max(prefill.instances, 1)})
-    return sized_prefill(arrays, prefill, rps)
-
-
-def released_requests(frame: pd.DataFrame, spec: ReplaySpec) -> tuple[ReleasedRequests, float]:
-    """Run the prefill tier; returns the releases and the rate scale actually used."""
-    prefill = resolved_prefill(frame, spec)
-    return release(to_arrays(frame), prefill), prefill.rate_scale
 
 
 def load_report(
@@ -242,8 +193,6 @@ def simulate_workload(
         preflight(remote.url)
         estimator = RemoteEstimator(remote.url, fallback=estimator, timeout_s=remote.timeout_s)
     elif twin_managed(spec.router.build_policy(estimator)):
-        from balanceroute.router.lab.twin_warmup import warm_start  # it imports this module
-
         horizon = spec.router.horizon
         warm = warm_start(
             history, spec, TwinConfig(), max(1, DEFAULT_HORIZON if horizon is None else horizon)

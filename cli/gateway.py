@@ -100,6 +100,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="failed health checks in a row that take a rank out (3)")  # fmt: skip
     s.add_argument("--health-rise", type=positive_int,
                    help="good health checks in a row that bring it back (2)")  # fmt: skip
+    s.add_argument("--header-timeout", dest="header_timeout_s", type=duration,
+                   help="a request's headers must arrive within this; else 408, closed (10s)")  # fmt: skip
+    s.add_argument("--body-timeout", dest="body_timeout_s", type=duration,
+                   help="its body within this after the headers; else closed (60s)")  # fmt: skip
+    s.add_argument("--idle-timeout", dest="idle_timeout_s", type=duration,
+                   help="a kept-alive connection idle this long is closed (5s)")  # fmt: skip
     s.add_argument("--log-level", help="log level (info)")
     p.set_defaults(func=cmd_gateway)
 
@@ -108,7 +114,8 @@ FLAGS = ("ranks", "slots", "rank_header", "group_size", "router", "estimator", "
          "estimator_timeout_s", "history", "tokenizer", "max_pool", "tick_s", "max_attempts",
          "first_token_timeout_s", "chunk_timeout_s", "drain_timeout_s",
          "arms", "switch_every_s", "warmup_s", "seed", "track", "host", "port", "out",
-         "health_interval_s", "health_fall", "health_rise", "log_level")  # fmt: skip
+         "health_interval_s", "health_fall", "health_rise", "header_timeout_s", "body_timeout_s",
+         "idle_timeout_s", "log_level")  # fmt: skip
 
 
 def settings_from_args(args: argparse.Namespace) -> GatewaySettings:

@@ -34,5 +34,5 @@ def run_gateway(settings: GatewaySettings, gateway: Gateway | None = None) -> No
     configure_logging(settings)
     gateway = gateway or build_gateway(settings)
     app = create_gateway_app(gateway)
-    serve(app, settings, collect=True, http="httptools", on_shutdown=gateway.drain.begin,
+    serve(app, settings, collect=True, on_shutdown=gateway.drain.begin,
           timeout_graceful_shutdown=int(settings.drain_timeout_s) + GRACE_S, backlog=4096)  # fmt: skip

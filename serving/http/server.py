@@ -1,6 +1,7 @@
 """The uvicorn skeleton every BalanceRoute HTTP process runs: logging from the settings, a frozen
 heap (the imports and models live as long as the process: shorter GC pauses), then uvicorn on
-the settings' address until SIGINT or SIGTERM."""
+the settings' address until SIGINT or SIGTERM, its requests bounded in time
+(:mod:`~balanceroute.serving.http.deadline`: header, body and keep-alive idle deadlines)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 
 import uvicorn
 
+from balanceroute.serving.http.deadline import deadline_protocol
 from balanceroute.serving.http.settings import ServiceSettings
 
 STAMP = "%(asctime)s "  # every log line starts with its time
@@ -62,7 +64,8 @@ def serve(
     gc.freeze()
     kw = dict(host=settings.host, port=settings.port, log_level=settings.log_level,
               access_log=settings.access_log, log_config=uvicorn_log_config(),
-              **options)  # fmt: skip
+              http=deadline_protocol(settings.header_timeout_s, settings.body_timeout_s),
+              timeout_keep_alive=settings.idle_timeout_s, **options)  # fmt: skip
     if on_shutdown is None:
         uvicorn.run(app, **kw)
         return

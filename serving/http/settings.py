@@ -77,6 +77,19 @@ class ServiceSettings(BaseSettings):
         le=1024**3,
         description="request bodies above this get 413",
     )
+    header_timeout_s: float = Field(
+        default=10.0, gt=0, le=3600,
+        description="a connection's request headers must arrive within this (from its opening, "
+        "or the next request's first byte); else 408 and closed",
+    )  # fmt: skip
+    body_timeout_s: float = Field(
+        default=60.0, gt=0, le=3600,
+        description="a request's body must arrive within this after its headers; else closed",
+    )  # fmt: skip
+    idle_timeout_s: float = Field(
+        default=5.0, gt=0, le=3600,
+        description="a kept-alive connection idle this long between requests is closed",
+    )  # fmt: skip
     log_level: LogLevel = Field(default="info", description="log level (uvicorn and model swaps)")
     access_log: bool = Field(default=False, description="uvicorn access log (costs latency)")
 

@@ -1,18 +1,26 @@
 """A non-streaming answer folded from a stream's chunks, keeping every field the rank sent:
 the rank's ``id``, ``created``, ``model``, ``system_fingerprint`` (first value), each choice's text
 or message, ``logprobs`` (lists joined), ``token_ids`` (joined), ``finish_reason`` and
-``stop_reason`` (last value), and any other field as the rank last sent it."""
+``stop_reason`` (last value), and any other field as the rank last sent it; the fields vLLM's
+non-streaming answer carries that a stream leaves out are there as null
+(:data:`~balanceroute.serving.openai.responses.TOP_NULLS` and the others), in vLLM's order."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from balanceroute.serving.openai.responses import usage
+from balanceroute.serving.openai.responses import (
+    CHAT_CHOICE_NULLS,
+    CHAT_TAIL_NULLS,
+    MESSAGE_NULLS,
+    TAIL_NULLS,
+    TEXT_CHOICE_NULLS,
+    TOP_NULLS,
+    usage,
+    whole_usage,
+)
 
 SKIP_TOP = {"choices", "usage", "object"}
-# Fields vLLM's non-streaming answers carry even when null; a stream may leave them out.
-TOP_DEFAULTS: dict[str, Any] = {"system_fingerprint": None, "service_tier": None}
-CHOICE_DEFAULTS: dict[str, Any] = {"logprobs": None, "finish_reason": None, "stop_reason": None}
 
 
 def _join(old: Any, new: Any) -> Any:
@@ -98,8 +106,9 @@ class Assembler:
                                "created": self.top.get("created") or created,
                                "model": self.top.get("model")}  # fmt: skip
         out["choices"] = [self._whole_choice(self.choices[i]) for i in sorted(self.choices)]
-        out["usage"] = self.usage if self.usage else usage(prompt, completion)
-        for k, v in {**TOP_DEFAULTS, **self.top}.items():
+        out.update({k: self.top.get(k) for k in TOP_NULLS})
+        out["usage"] = whole_usage(self.usage if self.usage else usage(prompt, completion))
+        for k, v in {**(CHAT_TAIL_NULLS if self.chat else TAIL_NULLS), **self.top}.items():
             out.setdefault(k, v)
         return out
 
@@ -109,10 +118,12 @@ class Assembler:
             message = choice.get("message") or {"role": "assistant", "content": None}
             if message.get("content") is None and not message.get("tool_calls"):
                 message["content"] = ""
-            out["message"] = message
+            out["message"] = {**message, **{k: v for k, v in MESSAGE_NULLS.items()
+                                            if k not in message}}  # fmt: skip
         else:
             out["text"] = choice.get("text") or ""
-        for k, v in {**CHOICE_DEFAULTS, **choice}.items():
+        nulls = CHAT_CHOICE_NULLS if self.chat else TEXT_CHOICE_NULLS
+        for k, v in {**nulls, **choice}.items():
             if k not in ("index", "message", "text"):
                 out[k] = v
         return out

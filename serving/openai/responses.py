@@ -38,6 +38,24 @@ def error_body(
     return orjson.dumps(error_object(status, message, type_, param))
 
 
+# vLLM's non-streaming answers (0.32, its response models) carry these fields even when null; a
+# stream's chunks leave most of them out. Both the emulator's answers and the gateway's assembled
+# ones start from them, so a client reading an answer finds every key vLLM's own answer has.
+USAGE_NULLS: dict[str, Any] = {"prompt_tokens_details": None, "completion_tokens_details": None}
+TOP_NULLS: dict[str, Any] = {"service_tier": None, "system_fingerprint": None}
+TAIL_NULLS: dict[str, Any] = {"kv_transfer_params": None, "ec_transfer_params": None,
+                              "metrics": None}  # fmt: skip
+CHAT_TAIL_NULLS: dict[str, Any] = {"prompt_logprobs": None, "prompt_token_ids": None,
+                                   "prompt_text": None, **TAIL_NULLS}  # fmt: skip
+CHOICE_NULLS: dict[str, Any] = {"logprobs": None, "finish_reason": None, "stop_reason": None,
+                                "token_ids": None}  # fmt: skip
+TEXT_CHOICE_NULLS: dict[str, Any] = {**CHOICE_NULLS, "prompt_logprobs": None,
+                                     "prompt_token_ids": None, "routed_experts": None}  # fmt: skip
+CHAT_CHOICE_NULLS: dict[str, Any] = {**CHOICE_NULLS, "routed_experts": None}
+MESSAGE_NULLS: dict[str, Any] = {"refusal": None, "annotations": None, "audio": None,
+                                 "function_call": None, "reasoning": None}  # fmt: skip
+
+
 def usage(prompt: int, completion: int) -> dict[str, int]:
     """The ``usage`` object of an answer or of the last chunk."""
     return {
@@ -47,14 +65,19 @@ def usage(prompt: int, completion: int) -> dict[str, int]:
     }
 
 
+def whole_usage(given: dict[str, Any]) -> dict[str, Any]:
+    """A non-streaming answer's ``usage``: ``given`` with vLLM's null details it lacks."""
+    return {**given, **{k: v for k, v in USAGE_NULLS.items() if k not in given}}
+
+
 def whole_choice(chat: bool, index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
-    """One choice of a non-streaming answer."""
+    """One choice of a non-streaming answer, with every field of vLLM's."""
     choice: dict[str, Any] = {"index": index}
     if chat:
-        choice["message"] = {"role": "assistant", "content": text}
+        choice["message"] = {"role": "assistant", "content": text, **MESSAGE_NULLS}
     else:
         choice["text"] = text
-    choice["logprobs"] = None
+    choice.update(CHAT_CHOICE_NULLS if chat else TEXT_CHOICE_NULLS)
     choice["finish_reason"] = finish_reason
     return choice
 
@@ -68,12 +91,14 @@ def whole_answer(
     prompt: int,
     completion: int,
 ) -> dict[str, Any]:
-    """A non-streaming answer: ``chat.completion`` or ``text_completion``."""
+    """A non-streaming answer, ``chat.completion`` or ``text_completion``, in vLLM's shape."""
     return {
         "id": rid,
         "object": "chat.completion" if chat else "text_completion",
         "created": created,
         "model": model,
         "choices": choices,
-        "usage": usage(prompt, completion),
+        **TOP_NULLS,
+        "usage": whole_usage(usage(prompt, completion)),
+        **(CHAT_TAIL_NULLS if chat else TAIL_NULLS),
     }

@@ -35,8 +35,6 @@ def _missing(want: Any, got: Any, where: str = "") -> list[str]:
     return [where] if got is None else []
 
 
-@pytest.mark.xfail(strict=True, reason="issue 18: logprobs, token_ids, stop_reason, "
-                   "system_fingerprint are dropped from non-streaming answers")  # fmt: skip
 def test_non_streaming_completion_keeps_vllms_fields(engine: Engine, gateway: Gateway) -> None:
     """Every field vLLM sends (logprobs when asked, token_ids, ...) comes through the gateway."""
     payload = body(engine.model, logprobs=2, return_token_ids=True)
@@ -46,7 +44,6 @@ def test_non_streaming_completion_keeps_vllms_fields(engine: Engine, gateway: Ga
     assert not _missing(want, got), (_missing(want, got), got)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 18: chat logprobs come back null")
 def test_non_streaming_chat_keeps_vllms_fields(engine: Engine, gateway: Gateway) -> None:
     """A chat answer with logprobs keeps every field vLLM sends."""
     payload = {"model": engine.model, "messages": [{"role": "user", "content": "hello"}],

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
-import pytest
 
 from tests.conformance.engine import Engine
 from tests.conformance.processes import Gateway

@@ -79,6 +79,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="first token deadline from forwarding; then re-routed (60s)")  # fmt: skip
     r.add_argument("--drain-timeout", dest="drain_timeout_s", type=duration,
                    help="on SIGTERM, time the streams in flight get to finish (30s)")  # fmt: skip
+    r.add_argument("--no-rank-wait", dest="no_rank_wait_s", type=duration,
+                   help="once no rank is in rotation, the queued requests' wait for one before "
+                   "503 (10s)")  # fmt: skip
     r.add_argument("--chunk-timeout", dest="chunk_timeout_s", type=duration,
                    help="deadline between two chunks of a started stream; then ended (30s)")  # fmt: skip
     a = p.add_argument_group("switchback A/B")
@@ -112,7 +115,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 FLAGS = ("ranks", "slots", "rank_header", "group_size", "router", "estimator", "estimator_url",
          "estimator_timeout_s", "history", "tokenizer", "max_pool", "tick_s", "max_attempts",
-         "first_token_timeout_s", "chunk_timeout_s", "drain_timeout_s",
+         "first_token_timeout_s", "chunk_timeout_s", "drain_timeout_s", "no_rank_wait_s",
          "arms", "switch_every_s", "warmup_s", "seed", "track", "host", "port", "out",
          "health_interval_s", "health_fall", "health_rise", "header_timeout_s", "body_timeout_s",
          "idle_timeout_s", "log_level")  # fmt: skip

@@ -9,12 +9,17 @@ round. A rank that refused the gateway's credentials (401/403: a wrong
 is checked with ``GET /v1/models`` and the key instead, and stays out, named so in ``/readyz``
 and the log, until it accepts them. In header mode the ranks share one upstream: its health is
 theirs.
+
+An **outage** (no rank in rotation) is tracked: :attr:`RankHealth.outage_since` and two events,
+``outage`` and ``serving``, which the queued requests wait on (they get 503 after
+``no_rank_wait_s`` of outage, :meth:`~balanceroute.serving.gateway.life.RequestLife.admitted`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -51,6 +56,10 @@ class RankHealth:
         self.passes = [0] * group.ranks  # good checks in a row
         for g in range(group.ranks):
             metrics.healthy.labels(str(g)).set(1)
+        self.outage_since: float | None = None  # monotonic time the last rank left the rotation
+        self.outage = asyncio.Event()  # set while no rank is in rotation
+        self.serving = asyncio.Event()  # set while one is
+        self.serving.set()
 
     def _ranks_of(self, rank: int) -> range | list[int]:
         return range(self.group.ranks) if self.settings.rank_header is not None else [rank]
@@ -67,6 +76,21 @@ class RankHealth:
             elif not ok and was:
                 log.warning("rank %d left the rotation: %s", g, why)
                 self.last_error[g] = why
+        self._track_outage()
+
+    def _track_outage(self) -> None:
+        """Start or end an outage (no rank in rotation) as the ranks' health says."""
+        out = not self.group.healthy.any()
+        if out and self.outage_since is None:
+            self.outage_since = time.monotonic()
+            self.serving.clear()
+            self.outage.set()
+            log.warning("no rank is in rotation: queued requests get 503 after %g s unless one "
+                        "comes back (--no-rank-wait)", self.settings.no_rank_wait_s)  # fmt: skip
+        elif not out and self.outage_since is not None:
+            self.outage_since = None
+            self.outage.clear()
+            self.serving.set()
 
     def _probed(self, rank: int, ok: bool, why: str) -> None:
         """One check's result, applied with hysteresis (module docstring)."""

@@ -25,6 +25,10 @@ class PoolFull(Exception):
     """No room in the gateway's pool: the request is refused (429)."""
 
 
+class NoRankInRotation(Exception):
+    """No rank was in rotation for ``no_rank_wait_s`` while the request waited (503)."""
+
+
 @dataclass
 class LiveRequest:
     """A request as the gateway handles it."""
@@ -111,9 +115,30 @@ class RequestLife:
         return self.gw.clock()
 
     async def admitted(self) -> int:
-        """Wait for the decision loop to admit the request; its rank."""
+        """Wait for the decision loop to admit the request; its rank. While no rank is in
+        rotation the wait is bounded: :class:`NoRankInRotation` once the outage has lasted
+        ``no_rank_wait_s`` (the request is still queued: the caller abandons it)."""
         gw, req = self.gw, self.req
-        rank = await req.admitted
+        health = gw.health
+        while not req.admitted.done():
+            since = health.outage_since
+            if since is None:
+                change, timeout = asyncio.ensure_future(health.outage.wait()), None
+            else:
+                timeout = since + gw.settings.no_rank_wait_s - time.monotonic()
+                if timeout <= 0:
+                    why = "; ".join(f"rank {g}: {e}" for g, e in sorted(health.last_error.items()))
+                    raise NoRankInRotation(
+                        f"no rank is in rotation ({why or 'health checks failing'}); none came "
+                        f"back within {gw.settings.no_rank_wait_s:g} s (--no-rank-wait)"
+                    )
+                change = asyncio.ensure_future(health.serving.wait())
+            try:
+                await asyncio.wait({req.admitted, change}, timeout=timeout,
+                                   return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+            finally:
+                change.cancel()
+        rank = req.admitted.result()
         now = gw.clock()
         wait = req.queue_s = now - req.arrival
         gw.metrics.wait.labels(gw.arm_label).observe(wait)

@@ -29,6 +29,7 @@ upstream request (its connection is closed, which aborts it on the rank) and fre
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,7 +39,7 @@ import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from balanceroute.serving.gateway.life import LiveRequest, RequestLife
+from balanceroute.serving.gateway.life import LiveRequest, NoRankInRotation, RequestLife
 from balanceroute.serving.gateway.runtime import Gateway
 from balanceroute.serving.openai.assemble import Assembler
 from balanceroute.serving.openai.responses import error_body
@@ -139,7 +140,13 @@ class Relay(Response):
         body = upstream_body(self.req.body)
         attempts = life.max_attempts
         for attempt in range(attempts):
-            rank = await life.admitted()
+            try:
+                rank = await life.admitted()
+            except NoRankInRotation as exc:
+                life.abandoned("no_rank")
+                retry = max(1, math.ceil(self.settings.health_interval_s))
+                await self._send_error(send, 503, str(exc), retry_after=retry)
+                return
             outcome = await self.forward(rank, body, send)
             if outcome == FINISHED:
                 return
@@ -327,20 +334,26 @@ class Relay(Response):
     def _rid_header(self) -> tuple[bytes, bytes]:
         return b"x-request-id", self.req.request_id.encode("latin-1", "replace")
 
-    async def _send_whole(self, send: Send, status: int, body: bytes, content_type: str) -> None:
-        """A whole answer (not a stream), with the request's ``x-request-id``."""
+    async def _send_whole(self, send: Send, status: int, body: bytes, content_type: str,
+                          retry_after: int | None = None) -> None:  # fmt: skip
+        """A whole answer (not a stream), with the request's ``x-request-id`` (and
+        ``Retry-After`` when given)."""
         headers = [
             (b"content-type", content_type.encode("latin-1")),
             (b"content-length", str(len(body)).encode()),
             self._rid_header(),
         ]
+        if retry_after is not None:
+            headers.append((b"retry-after", str(retry_after).encode()))
         self.opened = True
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
         self.ended = True
 
-    async def _send_error(self, send: Send, status: int, message: str) -> None:
-        await self._send_whole(send, status, error_body(status, message), "application/json")
+    async def _send_error(self, send: Send, status: int, message: str,
+                          retry_after: int | None = None) -> None:  # fmt: skip
+        await self._send_whole(send, status, error_body(status, message), "application/json",
+                               retry_after)  # fmt: skip
 
 
 async def _disconnected(receive: Receive) -> None:

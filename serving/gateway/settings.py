@@ -114,6 +114,11 @@ class GatewaySettings(ServiceSettings):
         default=30.0, ge=0, le=3600, allow_inf_nan=False,
         description="on SIGTERM, seconds the streams in flight get to finish before they are ended",
     )  # fmt: skip
+    no_rank_wait_s: float = Field(
+        default=10.0, ge=0, le=3600, allow_inf_nan=False,
+        description="once no rank is in rotation, seconds the queued requests wait for one to "
+        "come back before they get 503 with Retry-After",
+    )  # fmt: skip
     max_attempts: int = Field(
         default=3, ge=1, le=16, description="ranks a request may be sent to before it fails"
     )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import time
 
 import httpx
@@ -12,7 +11,7 @@ import pytest
 from tests.conformance.engine import Engine
 from tests.conformance.processes import Gateway
 from tests.conformance.shapes import client, error_of, raised
-from tests.conformance.wire import body, metric, stream
+from tests.conformance.wire import body, held, metric
 
 BAD_BODIES = {
     "wrong-type": lambda m: {"model": m, "prompt": "hi", "max_tokens": "many"},
@@ -103,26 +102,24 @@ def test_body_too_large_has_vllms_body(engine: Engine, start_gateway) -> None:
 
 
 def test_full_pool_is_429_with_vllms_body(engine: Engine, start_gateway) -> None:
-    """A full pool: 429 with Retry-After and vLLM's body; the client raises RateLimitError."""
+    """A full pool: 429 with Retry-After and vLLM's body; the client raises RateLimitError (the
+    two long streams filling the one slot and the pool are held open until the check is done)."""
     gw = start_gateway(engine.ranks[:1], "--max-pool", "1", "--slots", "1")
-    long = body(engine.model, max_tokens=2000)
-    with cf.ThreadPoolExecutor(2) as pool:
-        running = [pool.submit(stream, gw.url, long, timeout_s=5.0) for _ in range(2)]
-        try:
-            _wait_pool(gw)
-            via = httpx.post(gw.url + "/v1/completions", json=body(engine.model), timeout=30)
-            assert via.status_code == 429, via.text[:300]
-            assert via.headers.get("retry-after"), dict(via.headers)
-            error_of(via)
-            exc = raised(lambda: client(gw.url).completions.create(
-                model=engine.model, prompt="hi", max_tokens=2))  # fmt: skip
-            assert isinstance(exc, openai.RateLimitError) and exc.body.get("message"), exc
-        finally:
-            for f in running:
-                f.result()
+    long = body(engine.model, max_tokens=8000)
+    with held(gw.url, long, 2) as running:
+        _wait_pool(gw)
+        via = httpx.post(gw.url + "/v1/completions", json=body(engine.model), timeout=30)
+        exc = raised(lambda: client(gw.url).completions.create(
+            model=engine.model, prompt="hi", max_tokens=2))  # fmt: skip
+        still = sum(not f.done() for f in running)
+    assert still == 2, f"only {still} of the 2 streams filling the pool still ran"
+    assert via.status_code == 429, via.text[:300]
+    assert via.headers.get("retry-after"), dict(via.headers)
+    error_of(via)
+    assert isinstance(exc, openai.RateLimitError) and exc.body.get("message"), exc
 
 
-def _wait_pool(gw: Gateway, timeout_s: float = 20.0) -> None:
+def _wait_pool(gw: Gateway, timeout_s: float = 120.0) -> None:
     """Wait until the gateway's pool holds a request (the one rank's slot is taken)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -20,7 +20,8 @@ from tests.conformance.wire import body, metric, stream
 
 ASKED = 4000  # tokens each request of the rank-stop run asks for
 REQUESTS = 4
-TIMEOUT_S = 120.0  # bench's request timeout in that run
+TIMEOUT_S = 300.0  # bench's request timeout in that run
+STREAMED = 100  # tokens rank 1 has generated in that run before it is stopped
 
 
 def read_log(out: Path) -> pd.DataFrame:
@@ -43,15 +44,23 @@ def test_log_records_finish_reason(engine: Engine, start_gateway, tmp_path: Path
     assert list(log["finish_reason"]) == ["length", "length"]
 
 
-def _wait_running(url: str, name: str, least: int, timeout_s: float = 60.0, **labels: str) -> None:
-    """Wait until the metric ``name`` at ``url`` reaches ``least``, then let tokens flow."""
+def _generated(url: str) -> float:
+    """The tokens a vLLM rank has generated so far (its own counter)."""
+    return metric(httpx.get(url + "/metrics", timeout=5).text, "vllm:generation_tokens_total")
+
+
+def _wait_streaming(url: str, since: float, tokens: int = STREAMED, timeout_s: float = 180.0
+                    ) -> None:  # fmt: skip
+    """Wait until the rank at ``url`` runs a request and has generated ``tokens`` more than
+    ``since``: its streams are past their first token, so stopping it now cuts them."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if metric(httpx.get(url + "/metrics", timeout=5).text, name, **labels) >= least:
-            time.sleep(2.0)  # a few hundred tokens in
+        text = httpx.get(url + "/metrics", timeout=5).text
+        running = metric(text, "vllm:num_requests_running")
+        if running >= 1 and metric(text, "vllm:generation_tokens_total") >= since + tokens:
             return
         time.sleep(0.2)
-    raise AssertionError(f"{name} at {url} never reached {least}")
+    raise AssertionError(f"the rank at {url} never streamed {tokens} tokens")
 
 
 @pytest.fixture(scope="module")
@@ -63,12 +72,14 @@ def rank_stopped_run(engine: Engine, tmp_path_factory: pytest.TempPathFactory) -
     trace = str(write_trace(tmp / "trace.csv", REQUESTS, ASKED))
     gw = Gateway(tmp, engine.ranks, "--out", str(tmp / "gw"))
     args = ("--trace", trace, "--prompt-format", "ids", "--request-timeout", str(TIMEOUT_S))
+    since = _generated(engine.ranks[1])
     try:
         with cf.ThreadPoolExecutor(1) as pool:
-            via = pool.submit(run_bench, tmp / "via", gw.url, engine.model, *args)
-            _wait_running(gw.url, "balanceroute_gateway_rank_running_requests", 1, rank="1")
+            via = pool.submit(run_bench, tmp / "via", gw.url, engine.model, *args,
+                              timeout_s=TIMEOUT_S + 120)  # fmt: skip
+            _wait_streaming(engine.ranks[1], since)
             os.kill(engine.stop_pid, signal.SIGTERM)
-            via.result(timeout=TIMEOUT_S + 120)
+            via.result(timeout=TIMEOUT_S + 180)
     finally:
         gw.stop()
     return {"log": read_log(tmp / "gw"), "via": _bench(tmp / "via")}

@@ -10,13 +10,14 @@ import pytest
 
 from tests.conformance.engine import Engine
 from tests.conformance.processes import Gateway
-from tests.conformance.wire import body, metric, stream
+from tests.conformance.wire import body, held, metric, stream
 
 RUNNING = "balanceroute_gateway_rank_running_requests"
 
 
-def _settled(gw: Gateway, engine: Engine, want: int, timeout_s: float = 30.0) -> tuple:
-    """Poll until the gateway counts ``want`` running, then both sides' per-rank counts."""
+def _settled(gw: Gateway, engine: Engine, want: int, timeout_s: float = 120.0) -> tuple:
+    """Poll until the gateway counts ``want`` running and each rank's count equals vLLM's (or
+    ``timeout_s`` passes), then both sides' per-rank counts."""
     deadline = time.monotonic() + timeout_s
     while True:
         text = httpx.get(gw.url + "/metrics", timeout=5).text
@@ -29,14 +30,17 @@ def _settled(gw: Gateway, engine: Engine, want: int, timeout_s: float = 30.0) ->
 
 
 def test_running_counts_follow_vllm(engine: Engine, gateway: Gateway) -> None:
-    """While 4 long streams run, the gateway's per-rank running counts equal vLLM's."""
-    long = body(engine.model, max_tokens=3000)
-    with cf.ThreadPoolExecutor(4) as pool:
-        streams = [pool.submit(stream, gateway.url, long, timeout_s=8.0) for _ in range(4)]
+    """While 4 long streams run, the gateway's per-rank running counts equal vLLM's (the streams
+    are held open until the counts are compared, however slow the machine)."""
+    long = body(engine.model, max_tokens=8000)
+    with held(gateway.url, long, 4) as streams:
         ours, theirs = _settled(gateway, engine, 4)
-        for f in streams:
-            f.result()
+        running = sum(not f.done() for f in streams)
+    assert running == 4, f"only {running} streams still ran when the counts were compared"
     assert sum(ours) == 4 and ours == theirs, (ours, theirs)
+    assert all(f.result().stopped and f.result().events for f in streams), [
+        f.result().failure for f in streams
+    ]
 
 
 def test_header_mode_on_a_data_parallel_server(engine: Engine, start_gateway) -> None:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import json
 import re
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +24,7 @@ class Stream:
     done: bool = False
     errors: list[dict[str, Any]] = field(default_factory=list)
     failure: str | None = None
+    stopped: bool = False  # the caller's ``until`` ended it before its end
 
     @property
     def text(self) -> str:
@@ -43,6 +48,24 @@ class Stream:
         return found[-1] if found else None
 
 
+@contextmanager
+def held(url: str, payload: dict[str, Any], count: int,
+         timeout_s: float = 300.0) -> Iterator[list[cf.Future]]:  # fmt: skip
+    """``count`` streams of ``payload`` running on threads while the block runs (the futures of
+    their :class:`Stream`); when it ends they are closed (``stopped``) and waited for."""
+    until = threading.Event()
+    pool = cf.ThreadPoolExecutor(count)
+    futures = [pool.submit(stream, url, payload, timeout_s=timeout_s, until=until)
+               for _ in range(count)]  # fmt: skip
+    try:
+        yield futures
+    finally:
+        until.set()
+        for f in futures:
+            f.result()
+        pool.shutdown()
+
+
 def body(model: str, max_tokens: int = 8, **extra: Any) -> dict[str, Any]:
     """A completion request of exactly ``max_tokens`` tokens (``ignore_eos``), greedy."""
     return {"model": model, "prompt": "hello world the quick brown fox", "max_tokens": max_tokens,
@@ -51,8 +74,9 @@ def body(model: str, max_tokens: int = 8, **extra: Any) -> dict[str, Any]:
 
 def stream(url: str, payload: dict[str, Any], *, path: str = "/v1/completions",
            headers: dict[str, str] | None = None, timeout_s: float = 60.0,
-           on_event: Any = None) -> Stream:  # fmt: skip
-    """POST a streaming request and read it to its end, or until ``timeout_s`` (a failure)."""
+           on_event: Any = None, until: threading.Event | None = None) -> Stream:  # fmt: skip
+    """POST a streaming request and read it to its end, or until ``timeout_s`` (a failure), or
+    until ``until`` is set (the connection closed after the next line: ``stopped``)."""
     payload = {**payload, "stream": True}
     timeout = httpx.Timeout(timeout_s, connect=5.0)
     try:
@@ -65,6 +89,9 @@ def stream(url: str, payload: dict[str, Any], *, path: str = "/v1/completions",
                 return out
             kind = "message"
             for line in r.iter_lines():
+                if until is not None and until.is_set():
+                    out.stopped = True
+                    return out
                 if line.startswith("event:"):
                     kind = line.split(":", 1)[1].strip()
                     continue

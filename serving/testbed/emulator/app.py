@@ -96,7 +96,7 @@ class ReceivedAt:
 class Chunks:
     """Pre-encoded SSE bytes of one streaming request: the same ``mid`` chunk for every token."""
 
-    __slots__ = ("include_usage", "last", "mid", "role", "usage_base")
+    __slots__ = ("abort", "include_usage", "last", "mid", "role", "usage_base")
 
     @staticmethod
     def with_usage(chunk: bytes, prompt: int, completion: int) -> bytes:
@@ -132,6 +132,10 @@ class Chunks:
         self.last = chunk(
             {**tok, "finish_reason": reason} | ({} if chat else {"stop_reason": None})
         )
+        # a request aborted by a shutdown ends as vLLM ends it: finish_reason "abort", no token
+        self.abort = chunk({"index": 0, "delta": {}, "logprobs": None, "finish_reason": "abort"}
+                           if chat else {"index": 0, "text": "", "logprobs": None,
+                                         "finish_reason": "abort", "stop_reason": None})  # fmt: skip
         self.usage_base = base
         self.include_usage = usage
 
@@ -226,8 +230,12 @@ class EmulatedResponse(Response):
                 if done:
                     return
             elif req.closed or req.cancelled:
-                if not req.cancelled:  # aborted by a shutdown: end the body cleanly
-                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                if not req.cancelled:  # aborted by a shutdown: end the stream as vLLM does
+                    prompt = req.prompt_tokens
+                    end = Chunks.with_usage(c.abort, prompt, sent) if self.continuous else c.abort
+                    tail = c.usage(prompt, sent) if self.usage_wanted else b""
+                    await send({"type": "http.response.body", "body": end + tail + DONE,
+                                "more_body": False})  # fmt: skip
                 return
             else:
                 fut = loop.create_future()

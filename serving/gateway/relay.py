@@ -22,7 +22,8 @@ token the client gets an SSE error event and ``[DONE]``. Deadlines: a first toke
 too (re-routed); after it, the client gets the stream as the rank ended it, and the request is
 counted ``aborted``, kept out of the completion log (its length is not the request's). A
 non-streaming client gets every field the rank sent (:mod:`balanceroute.serving.openai.assemble`),
-and every answer carries ``x-request-id``. A client that disconnects cancels the
+and every answer carries ``x-request-id``. A request still queued when no rank has been in
+rotation for ``no_rank_wait_s`` gets 503 with ``Retry-After`` (:class:`NoRankInRotation`). A client that disconnects cancels the
 upstream request (its connection is closed, which aborts it on the rank) and frees the slot.
 """
 

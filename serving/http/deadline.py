@@ -53,6 +53,9 @@ class DeadlineProtocol(HttpToolsProtocol):
         self._deadline = None
         if self.transport.is_closing():
             return
+        if not self._headers_done and self.cycle is not None and not self.cycle.response_complete:
+            self._arm(self.header_timeout_s)  # the next request behind an answer: never cut it
+            return
         stage = "body" if self._headers_done else "headers"
         log.warning("closing a connection from %s: its request %s did not arrive within %.0f s",
                     self.client, stage,

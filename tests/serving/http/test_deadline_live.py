@@ -130,3 +130,15 @@ def test_requests_that_arrived_are_never_cut(server: str) -> None:
         assert slow.text.count("chunk") == CHUNKS, slow.text
         time.sleep(IDLE_S / 4)
         assert client.post("/echo", content=b"y" * 1000).text == "1000"
+
+
+def test_a_slow_request_behind_an_answer_never_cuts_it(server: str) -> None:
+    """The first bytes of a next request, never finished, sent while a long answer streams on
+    the same connection: the answer arrives whole, then the connection is closed."""
+    with socket.create_connection(("127.0.0.1", _port(server)), timeout=30) as conn:
+        conn.sendall(b"GET /slow HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\nGET /ok HT")
+        data = b""
+        while chunk := _recv(conn):
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 200"), data[:200]
+    assert data.count(b"chunk ") == CHUNKS, data

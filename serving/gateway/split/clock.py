@@ -1,0 +1,143 @@
+"""Age from the clock: each rank's iteration clock estimated from the events, so the decider
+knows every running request's age (tokens so far) without seeing a chunk.
+
+A synchronized decode rank emits one token per running request per iteration, so a request's age
+is 1 plus the iterations its rank ran since its first token. Each rank keeps an iteration count
+integrated over time at its estimated iteration period (``count += dt / period``); a request's
+count at its first token is remembered, and its age now is ``1 + count(now) - count(first)``.
+The period is learned from finishes: a request that streamed ``n`` tokens between ``first_t`` and
+``last_t`` saw iterations of ``(last_t - first_t) / (n - 1)`` on average (a moving average, per
+rank, seeded by the group's); and its exact age at the end corrects the count's drift. Until the
+first finish every running request's age stays 1 (as the first chunk says).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from balanceroute.router.policies.state import RouterState
+from balanceroute.serving.gateway.state import LiveGroup
+
+ALPHA = 0.2  # weight of the newest finish in the period's moving average
+DRIFT_GAIN = 0.5  # share of a finish's age error the count absorbs
+
+
+class IterationClock:
+    """Per-rank iteration counts integrated at estimated periods (module docstring)."""
+
+    def __init__(self, ranks: int, now: float) -> None:
+        self.period = np.full(ranks, np.nan)  # seconds per iteration; NaN: not known yet
+        self.count = np.zeros(ranks)  # iterations counted so far
+        self.at = np.full(ranks, now)  # when ``count`` was last brought up to date
+        self.group_period = float("nan")
+        self.finishes = 0
+
+    def counts(self, now: float) -> np.ndarray:
+        """Every rank's iteration count at ``now`` (brought up to date)."""
+        known = ~np.isnan(self.period)
+        dt = np.maximum(now - self.at, 0.0)
+        self.count[known] += dt[known] / self.period[known]
+        self.at[:] = np.maximum(self.at, now)
+        return self.count
+
+    def observe(self, rank: int, count_at_first: float, first_t: float, last_t: float,
+                tokens: int, now: float) -> None:  # fmt: skip
+        """A request finished on ``rank`` with ``tokens`` tokens streamed over
+        ``[first_t, last_t]`` (its count at the first token ``count_at_first``)."""
+        if tokens < 2 or not last_t > first_t:
+            return
+        tpot = (last_t - first_t) / (tokens - 1)
+        self.finishes += 1
+        g = self.group_period
+        self.group_period = tpot if np.isnan(g) else (1 - ALPHA) * g + ALPHA * tpot
+        self.counts(now)
+        unknown = np.isnan(self.period)
+        self.period[unknown] = self.group_period  # a rank's first estimate: the group's
+        self.at[unknown] = now
+        if unknown[rank]:
+            self.period[rank] = tpot
+            gain = 1.0
+        else:
+            self.period[rank] = (1 - ALPHA) * self.period[rank] + ALPHA * tpot
+            gain = DRIFT_GAIN
+        counted = self.count[rank] - count_at_first
+        elapsed_after = max(now - last_t, 0.0) / self.period[rank]
+        self.count[rank] += gain * ((tokens - 1) + elapsed_after - counted)
+
+    def ages(self, ranks: np.ndarray, count_at_first: np.ndarray, now: float) -> np.ndarray:
+        """Ages of requests running on ``ranks`` whose counts at their first tokens are
+        ``count_at_first`` (NaN: no first token yet, age 0)."""
+        counts = self.counts(now)
+        started = ~np.isnan(count_at_first)
+        age = np.zeros(ranks.shape[0], dtype=np.int64)
+        if started.any():
+            grown = counts[ranks[started]] - count_at_first[started]
+            age[started] = 1 + np.floor(np.maximum(grown, 0.0)).astype(np.int64)
+        return age
+
+
+class ClockedGroup(LiveGroup):
+    """The live group whose running requests age by their ranks' iteration clocks (first tokens
+    and finishes are all it hears), and whose step counter is the group's clock."""
+
+    clock_fn: Callable[[], float]
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.first_count = np.full(self.capacity, np.nan)
+        self.first_t = np.full(self.capacity, np.nan)
+
+    def attach(self, clock_fn: Callable[[], float]) -> None:
+        """Start the ranks' clocks now (``clock_fn``: the gateway's monotonic clock)."""
+        self.clock_fn = clock_fn
+        self.clock = IterationClock(self.ranks, clock_fn())
+
+    def first_token(self, position: int, t: float) -> None:
+        """``position``'s first token arrived at ``t``: it has age 1 and ages with its rank."""
+        g = int(self.rank[position])
+        if g < 0 or not np.isnan(self.first_count[position]):
+            return
+        counts = self.clock.counts(max(t, self.clock.at[g]))
+        self.first_count[position] = counts[g]
+        self.first_t[position] = t
+        self.age[position] = max(1, int(self.age[position]))
+
+    def finish_seen(self, position: int, first_t: float, last_t: float, tokens: int) -> None:
+        """``position`` finished with ``tokens`` tokens: its rank's clock learns from it."""
+        g = int(self.rank[position])
+        if g < 0:
+            return
+        if np.isnan(self.first_count[position]):
+            self.first_token(position, first_t)
+        self.clock.observe(g, float(self.first_count[position]), first_t, last_t, tokens,
+                           self.clock_fn())  # fmt: skip
+        self.age[position] = tokens
+
+    def refresh(self, now: float) -> None:
+        """Every running request's age from its rank's clock at ``now``."""
+        pos = np.flatnonzero(self.rank >= 0)
+        if pos.size:
+            self.age[pos] = self.clock.ages(self.rank[pos], self.first_count[pos], now)
+
+    def start(self, position: int, rank: int) -> None:
+        super().start(position, rank)
+        self.first_count[position] = np.nan
+        self.first_t[position] = np.nan
+
+    def leave(self, position: int, output_tokens: int, *, learn: bool) -> None:
+        self.first_count[position] = np.nan
+        super().leave(position, output_tokens, learn=learn)
+
+    def loads(self) -> np.ndarray:
+        """KV tokens per rank, the running requests aged by the clock now."""
+        self.refresh(self.clock_fn())
+        return super().loads()
+
+    def snapshot(self, now: float) -> RouterState:
+        counts = self.clock.counts(now)
+        known = ~np.isnan(self.clock.period)
+        if known.any():
+            self.iteration = max(self.iteration, int(counts[known].max()))
+        return super().snapshot(now)

@@ -32,6 +32,7 @@ class DeciderChannel:
         self.next_id = 0
         self.lost = False
         self._writer: asyncio.StreamWriter | None = None
+        self._out: list[bytes] = []
         self._reader_task: asyncio.Task | None = None
 
     async def open(self) -> None:
@@ -43,9 +44,18 @@ class DeciderChannel:
         return self.next_id
 
     def send(self, *fields: object) -> None:
-        """One event to the decider (dropped when the decider is gone)."""
-        if self._writer is not None and not self.lost:
-            self._writer.write(wire.encode(*fields))
+        """One event to the decider (dropped when the decider is gone); the events of one pass
+        of the event loop leave in one write."""
+        if self._writer is None or self.lost:
+            return
+        self._out.append(wire.encode(*fields))
+        if len(self._out) == 1:
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        out, self._out = self._out, []
+        if self._writer is not None and not self.lost and out:
+            self._writer.write(b"".join(out))
 
     def admission(self, rid: int) -> asyncio.Future[int]:
         """The future the decider's next ``ASSIGN`` for ``rid`` resolves."""

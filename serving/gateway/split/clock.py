@@ -58,23 +58,37 @@ class IterationClock:
         self.at[unknown] = now
         if unknown[rank]:
             self.period[rank] = tpot
-            gain = 1.0
-        else:
-            self.period[rank] = (1 - ALPHA) * self.period[rank] + ALPHA * tpot
-            gain = DRIFT_GAIN
+            return
+        self.period[rank] = (1 - ALPHA) * self.period[rank] + ALPHA * tpot
+        if np.isnan(count_at_first):  # it began before the rank's clock ran
+            return
         counted = self.count[rank] - count_at_first
         elapsed_after = max(now - last_t, 0.0) / self.period[rank]
-        self.count[rank] += gain * ((tokens - 1) + elapsed_after - counted)
+        self.count[rank] += DRIFT_GAIN * ((tokens - 1) + elapsed_after - counted)
 
-    def ages(self, ranks: np.ndarray, count_at_first: np.ndarray, now: float) -> np.ndarray:
-        """Ages of requests running on ``ranks`` whose counts at their first tokens are
-        ``count_at_first`` (NaN: no first token yet, age 0)."""
+    def count_at(self, rank: int, t: float) -> float:
+        """``rank``'s count at ``t`` (a first token's), NaN while its period is unknown."""
+        if np.isnan(self.period[rank]):
+            return float("nan")
+        return float(self.counts(max(t, float(self.at[rank])))[rank])
+
+    def ages(self, ranks: np.ndarray, count_at_first: np.ndarray, first_t: np.ndarray,
+             now: float) -> np.ndarray:  # fmt: skip
+        """Ages of requests running on ``ranks`` with first tokens at ``first_t`` (NaN: none
+        yet, age 0) and the ranks' counts then (NaN: the clock did not run yet, so the age is
+        the time since over the period)."""
         counts = self.counts(now)
-        started = ~np.isnan(count_at_first)
         age = np.zeros(ranks.shape[0], dtype=np.int64)
-        if started.any():
-            grown = counts[ranks[started]] - count_at_first[started]
-            age[started] = 1 + np.floor(np.maximum(grown, 0.0)).astype(np.int64)
+        started = ~np.isnan(first_t)
+        counted = started & ~np.isnan(count_at_first)
+        if counted.any():
+            grown = counts[ranks[counted]] - count_at_first[counted]
+            age[counted] = 1 + np.floor(np.maximum(grown, 0.0)).astype(np.int64)
+        timed = started & ~counted
+        if timed.any():
+            period = self.period[ranks[timed]]
+            grown = np.where(np.isnan(period), 0.0, (now - first_t[timed]) / period)
+            age[timed] = 1 + np.floor(np.maximum(grown, 0.0)).astype(np.int64)
         return age
 
 
@@ -97,10 +111,9 @@ class ClockedGroup(LiveGroup):
     def first_token(self, position: int, t: float) -> None:
         """``position``'s first token arrived at ``t``: it has age 1 and ages with its rank."""
         g = int(self.rank[position])
-        if g < 0 or not np.isnan(self.first_count[position]):
+        if g < 0 or not np.isnan(self.first_t[position]):
             return
-        counts = self.clock.counts(max(t, self.clock.at[g]))
-        self.first_count[position] = counts[g]
+        self.first_count[position] = self.clock.count_at(g, t)
         self.first_t[position] = t
         self.age[position] = max(1, int(self.age[position]))
 
@@ -109,7 +122,7 @@ class ClockedGroup(LiveGroup):
         g = int(self.rank[position])
         if g < 0:
             return
-        if np.isnan(self.first_count[position]):
+        if np.isnan(self.first_t[position]):
             self.first_token(position, first_t)
         self.clock.observe(g, float(self.first_count[position]), first_t, last_t, tokens,
                            self.clock_fn())  # fmt: skip
@@ -119,7 +132,8 @@ class ClockedGroup(LiveGroup):
         """Every running request's age from its rank's clock at ``now``."""
         pos = np.flatnonzero(self.rank >= 0)
         if pos.size:
-            self.age[pos] = self.clock.ages(self.rank[pos], self.first_count[pos], now)
+            self.age[pos] = self.clock.ages(self.rank[pos], self.first_count[pos],
+                                            self.first_t[pos], now)  # fmt: skip
 
     def start(self, position: int, rank: int) -> None:
         super().start(position, rank)
@@ -128,6 +142,7 @@ class ClockedGroup(LiveGroup):
 
     def leave(self, position: int, output_tokens: int, *, learn: bool) -> None:
         self.first_count[position] = np.nan
+        self.first_t[position] = np.nan
         super().leave(position, output_tokens, learn=learn)
 
     def loads(self) -> np.ndarray:

@@ -72,6 +72,7 @@ class Link:
 
     writer: asyncio.StreamWriter
     requests: dict[int, Remote] = field(default_factory=dict)
+    out: list[bytes] = field(default_factory=list)  # events not yet written
 
 
 class Decider:
@@ -194,8 +195,15 @@ class Decider:
         remote.waiting = asyncio.get_running_loop().create_task(assign())
 
     def _send(self, link: Link, *fields: Any) -> None:
-        if not link.writer.is_closing():
-            link.writer.write(wire.encode(*fields))
+        """One event to ``link``'s worker; a decision's admissions leave in one write."""
+        link.out.append(wire.encode(*fields))
+        if len(link.out) == 1:
+            asyncio.get_running_loop().call_soon(self._flush, link)
+
+    def _flush(self, link: Link) -> None:
+        out, link.out = link.out, []
+        if out and not link.writer.is_closing():
+            link.writer.write(b"".join(out))
 
     # ---- the workers ----------------------------------------------------------------------
     def _spawn(self, index: int) -> None:

@@ -16,6 +16,7 @@ chunk only (``include_usage``), not for usage in every chunk unless the client a
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -34,8 +35,8 @@ from balanceroute.serving.gateway.split.channel import DeciderChannel, Rejected
 from balanceroute.serving.openai.responses import error_body
 from balanceroute.serving.openai.sse import EventSplitter
 
-MARKERS = (b'"finish_reason":"', b'"finish_reason": "', b'"usage":{', b'"usage": {', b"[DONE]",
-           b'"error"')  # fmt: skip
+# an event that matters: a set finish_reason, a usage object, the end, an error
+MARKERS = re.compile(rb'"finish_reason": ?"|"usage": ?\{|\[DONE\]|"error"')
 
 
 class WorkerContext:
@@ -218,7 +219,7 @@ class LeanRelay(Relay):
                 held = buf
                 continue
             whole, held = buf[: cut + 2], buf[cut + 2 :]
-            if any(m in whole for m in MARKERS):
+            if MARKERS.search(whole) is not None:
                 now = self.life.clock()
                 events = whole.split(b"\n\n")
                 events.pop()

@@ -1,0 +1,159 @@
+"""Age from the clock (``gateway/split/clock.py``): the decider's estimate of every running
+request's age from first tokens and finishes alone, on exact synthetic clocks (a property) and
+against a real emulator's iteration log (the ground truth of every token)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from balanceroute.serving.gateway.split.clock import ClockedGroup, IterationClock
+from balanceroute.serving.testbed.emulator.iterlog import read_log
+from tests.serving.testbed.helpers import Emulator
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    period=st.floats(0.002, 0.2),
+    lengths=st.lists(st.integers(2, 400), min_size=2, max_size=30),
+    starts=st.lists(st.integers(0, 300), min_size=30, max_size=30),
+)
+def test_a_steady_clock_gives_every_age_within_one_token(period, lengths, starts):
+    """One rank, iterations of ``period`` s: once a request has finished, every running
+    request's estimated age is its true age give or take one token."""
+    clock = IterationClock(1, 0.0)
+    reqs = [(starts[i], n) for i, n in enumerate(lengths)]  # (first-token iteration, tokens)
+    first_count: dict[int, float] = {}
+    events = []
+    for i, (k0, n) in enumerate(reqs):
+        events.append((k0 * period, 0, i))
+        events.append(((k0 + n - 1) * period, 1, i))
+    events.sort()
+    finished = 0
+    for t, kind, i in events:
+        k0, n = reqs[i]
+        if kind == 0:
+            first_count[i] = clock.count_at(0, t)
+        else:
+            clock.observe(0, first_count[i], k0 * period, t, n, t)
+            finished += 1
+        if finished == 0:
+            continue
+        running = [j for j in first_count if reqs[j][0] * period <= t < sum(reqs[j]) * period - period]
+        if not running:
+            continue
+        ages = clock.ages(np.zeros(len(running), dtype=np.int64),
+                          np.array([first_count[j] for j in running]),
+                          np.array([reqs[j][0] * period for j in running]), t)  # fmt: skip
+        truth = np.array([round(t / period) - reqs[j][0] + 1 for j in running])
+        assert np.abs(ages - truth).max() <= 1, (ages, truth)
+
+
+def test_the_group_ages_running_requests_and_frees_them_once():
+    """The clocked group: no age before a first token, age 1 at it, the clock's age after,
+    the exact count at the finish; loads follow."""
+    now = [0.0]
+    group = ClockedGroup.sized(2, 4, 16)
+    group.attach(lambda: now[0])
+    p = group.arrive(100, 7, 0.0)
+    q = group.arrive(50, 8, 0.0)
+    group.start(p, 0)
+    group.start(q, 0)
+    assert list(group.loads()) == [150.0, 0.0]
+    group.first_token(p, 0.0)
+    group.first_token(q, 0.5)
+    now[0] = 1.0
+    group.finish_seen(p, 0.0, 1.0, 101)  # 100 iterations in 1 s: 10 ms each
+    group.leave(p, 101, learn=True)
+    now[0] = 1.5
+    assert group.loads()[0] == pytest.approx(50 + 1 + 100, abs=1)
+    assert group.take_departures()[0].output_tokens == 101
+
+
+@pytest.mark.server
+def test_the_clock_tracks_the_emulators_iteration_log(tmp_path: Path):
+    """Requests streamed straight from a real emulator (2 ranks x 8 slots, 5x real time); the
+    clock hears only what a relay worker reports (first and last token times as the client saw
+    them, the token count) and is compared, at every iteration, with each running request's
+    true age from the emulator's logs."""
+    rng = np.random.default_rng(3)
+    emu = Emulator(tmp_path / "emu.out", ranks=2, slots=8, time_scale=5.0,
+                   log_dir=str(tmp_path / "log"))  # fmt: skip
+    n = 40
+    lengths = rng.integers(30, 260, n)
+    delays = np.sort(rng.uniform(0, 6.0, n))
+
+    async def one(i: int, client: httpx.AsyncClient) -> tuple[str, int, float, float, int]:
+        await asyncio.sleep(float(delays[i]))
+        rank = i % 2
+        body = {"prompt": f"p {i}", "max_tokens": int(lengths[i]), "ignore_eos": True,
+                "stream": True}  # fmt: skip
+        first = last = None
+        tokens = 0
+        async with client.stream("POST", emu.urls[rank] + "/v1/completions", json=body,
+                                 headers={"x-request-id": f"r{i}"}) as r:  # fmt: skip
+            async for line in r.aiter_lines():
+                if line.startswith("data: {") and '"text"' in line:
+                    last = time.time()
+                    first = first or last
+                    tokens += 1
+        return f"r{i}", rank, first, last, tokens
+
+    async def run() -> list:
+        async with httpx.AsyncClient(timeout=120) as client:
+            return await asyncio.gather(*(one(i, client) for i in range(n)))
+
+    try:
+        seen = asyncio.run(run())
+    finally:
+        emu.stop()
+    iterations, requests = read_log(tmp_path / "log")
+    epoch = json.loads((tmp_path / "log" / "config.json").read_text())["epoch"]
+    ends = np.sort(iterations["end_s"].to_numpy())
+    engine_first = requests.set_index("request_id")["first_token_s"]
+    assert all(tokens == lengths[i] for i, (_, _, _, _, tokens) in enumerate(seen))
+    events = []
+    for rid, rank, first, last, tokens in seen:
+        events.append((first - epoch, 0, rid, rank, tokens))
+        events.append((last - epoch, 1, rid, rank, tokens))
+    events.sort()
+    clock = IterationClock(2, 0.0)
+    first_count: dict[str, float] = {}
+    first_at: dict[str, float] = {}
+    errors = []
+    samples = (ends[1:] + ends[:-1]) / 2  # between two iterations: the true age is unambiguous
+    e = 0
+    finished = 0
+    for t in samples:
+        while e < len(events) and events[e][0] <= t:
+            te, kind, rid, rank, tokens = events[e]
+            if kind == 0:
+                first_count[rid] = clock.count_at(rank, te)
+                first_at[rid] = te
+            else:
+                clock.observe(rank, first_count.pop(rid), first_at.pop(rid), te, tokens, te)
+                finished += 1
+            e += 1
+        if finished < 2 or not first_count:
+            continue
+        rids = list(first_count)
+        ranks = np.array([int(r[1:]) % 2 for r in rids])
+        est = clock.ages(ranks, np.array([first_count[r] for r in rids]),
+                         np.array([first_at[r] for r in rids]), t)  # fmt: skip
+        for rid, a in zip(rids, est, strict=True):
+            truth = int(np.searchsorted(ends, t) - np.searchsorted(ends, engine_first[rid] - 1e-6))
+            if truth >= 10:
+                errors.append(abs(a - truth) / truth)
+    errors = np.array(errors)
+    assert errors.size > 200
+    # the median running request's age within 5% of the truth, nine in ten within 15%
+    assert np.median(errors) <= 0.05, np.percentile(errors, [50, 90, 99])
+    assert np.percentile(errors, 90) <= 0.15, np.percentile(errors, [50, 90, 99])

@@ -5,6 +5,8 @@ For each shared trace and emulator time scale, the same requests (``--requests``
 replayed by ``balanceroute bench`` through ``balanceroute gateway`` in each mode (``single``: the
 one-process gateway; ``relayN``: ``--relay-workers N``), with ``count-jsq`` and ``brh``, each
 against a fresh ``balanceroute emulate`` group; and once straight to the ranks (round-robin).
+``--modes ...,nginx`` adds Debian's nginx as a round-robin proxy (one worker, unbuffered): what a
+compiled data plane costs per token, without any admission.
 Per run:
 
 - iteration overrun: each iteration's wall interval over its cost-model duration divided by the
@@ -71,8 +73,8 @@ PROFILED = ("import signal, sys, cProfile; from balanceroute.cli import main; "
 
 
 def mode_args(mode: str) -> list[str]:
-    """The gateway flags of a mode: ``single`` or ``relayN``."""
-    if mode == "single":
+    """The gateway flags of a mode: ``single`` or ``relayN`` (``nginx``: no gateway)."""
+    if mode in ("single", "nginx"):
         return []
     if mode.startswith("relay") and mode[5:].isdigit():
         return ["--relay-workers", mode[5:]]
@@ -94,6 +96,45 @@ def start_gateway(urls: list[str], extra: list[str], out_dir: Path,
     proc = ServerProcess(args + extra, log=out_dir.parent / "gateway.out", env=env)
     url = f"http://127.0.0.1:{port}"
     proc.wait_ready([url + "/readyz"], timeout_s=180, poll_s=0.2)
+    return proc, url
+
+
+NGINX_CONF = """worker_processes 1;
+user root;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  client_body_temp_path {dir}/body;
+  proxy_temp_path {dir}/proxy;
+  upstream ranks {{ {servers} keepalive 512; }}
+  server {{
+    listen 127.0.0.1:{port};
+    location / {{
+      proxy_pass http://ranks;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      proxy_request_buffering off;
+      proxy_read_timeout 3600s;
+    }}
+  }}
+}}
+"""
+
+
+def start_nginx(urls: list[str], out_dir: Path) -> tuple[ServerProcess, str]:
+    """nginx (Debian's) in front of the ranks, round-robin, one worker, unbuffered streams."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    servers = " ".join(f"server {u.split('://', 1)[1]};" for u in urls)
+    conf = out_dir / "nginx.conf"
+    conf.write_text(NGINX_CONF.format(dir=out_dir.resolve(), servers=servers, port=port))
+    proc = ServerProcess(["nginx", "-p", str(out_dir.resolve()), "-c", str(conf.resolve()), "-g",
+                          "daemon off;"], log=out_dir / "nginx.out")  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    proc.wait_ready([url + "/health"], timeout_s=60, poll_s=0.2)
     return proc, url
 
 
@@ -143,8 +184,11 @@ def one_run(urls_mode: str | None, router: str | None, trace: Path, n: int, ts: 
         if urls_mode is None:
             summary = bench(urls, trace, n, load, ts, out / "bench")
         else:
-            extra = ["--router", router, *mode_args(urls_mode)]
-            gw, gw_url = start_gateway(urls, extra, out / "gateway")
+            if urls_mode == "nginx":
+                gw, gw_url = start_nginx(urls, out / "nginx")
+            else:
+                extra = ["--router", router, *mode_args(urls_mode)]
+                gw, gw_url = start_gateway(urls, extra, out / "gateway")
             try:
                 before = cpu_split(gw.pid)
                 summary = bench([gw_url], trace, n, load, ts, out / "bench")
@@ -168,8 +212,8 @@ def one_run(urls_mode: str | None, router: str | None, trace: Path, n: int, ts: 
         total = cpu["main"] + cpu["children"]
         row.update(
             cpu_s=total,
-            cpu_s_decider=cpu["main"] if urls_mode != "single" else None,
-            cpu_s_relays=cpu["children"] if urls_mode != "single" else None,
+            cpu_s_decider=cpu["main"] if urls_mode.startswith("relay") else None,
+            cpu_s_relays=cpu["children"] if urls_mode.startswith("relay") else None,
             cpu_s_per_1k_tokens=1e3 * total / tokens if tokens else None,
         )
     return row
@@ -189,8 +233,11 @@ def added_ttft(trace: Path, modes: list[str], n: int, load: float, out: Path) ->
     for mode in modes:
         emu, urls = start_emulator(1.0, out / f"emu-{mode}", out / f"emu-{mode}.out")
         try:
-            extra = ["--router", "count-jsq", *mode_args(mode)]
-            gw, gw_url = start_gateway(urls, extra, out / f"gw-{mode}")
+            if mode == "nginx":
+                gw, gw_url = start_nginx(urls, out / "nginx")
+            else:
+                extra = ["--router", "count-jsq", *mode_args(mode)]
+                gw, gw_url = start_gateway(urls, extra, out / f"gw-{mode}")
             try:
                 bench([gw_url], trace, n, load, 1.0, out / mode)
             finally:
@@ -286,6 +333,11 @@ def main() -> None:
             runs["direct"] = one_run(None, None, trace, args.requests, ts, args.load,
                                      folder / f"x{ts:g}-direct")  # fmt: skip
             for mode in modes:
+                if mode == "nginx":  # round-robin, no router: one run
+                    runs["nginx"] = one_run(mode, None, trace, args.requests, ts, args.load,
+                                            folder / f"x{ts:g}-nginx")  # fmt: skip
+                    print(name, ts, "nginx", json.dumps(runs["nginx"]), file=sys.stderr, flush=True)
+                    continue
                 for r in routers:
                     runs[f"{mode}/{r}"] = one_run(mode, r, trace, args.requests, ts, args.load,
                                                   folder / f"x{ts:g}-{mode}-{r.replace(':', '-')}")  # fmt: skip

@@ -8,18 +8,29 @@ count at its first token is remembered, and its age now is ``1 + count(now) - co
 The period is learned from finishes: a request that streamed ``n`` tokens between ``first_t`` and
 ``last_t`` saw iterations of ``(last_t - first_t) / (n - 1)`` on average (a moving average, per
 rank, seeded by the group's); and its exact age at the end corrects the count's drift. Until the
-first finish every running request's age stays 1 (as the first chunk says).
+first finish every running request's age stays 1 (as the first chunk says); a request that
+began before its rank's period was known ages by the time since its first token.
+
+Where the engine publishes its own step counter (vLLM's ``vllm:iteration_tokens_total``
+histogram: one observation per engine step), the decider reads it every health interval
+(:class:`EngineCounters`): two reads with requests running give the rank's period, which
+replaces the finishes' average (the finishes still correct the count's drift).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Callable
 
+import aiohttp
 import numpy as np
 
 from balanceroute.router.policies.state import RouterState
 from balanceroute.serving.gateway.state import LiveGroup
 
+log = logging.getLogger("balanceroute.gateway")
+STEPS = "vllm:iteration_tokens_total_count"
 ALPHA = 0.2  # weight of the newest finish in the period's moving average
 DRIFT_GAIN = 0.5  # share of a finish's age error the count absorbs
 
@@ -33,6 +44,8 @@ class IterationClock:
         self.at = np.full(ranks, now)  # when ``count`` was last brought up to date
         self.group_period = float("nan")
         self.finishes = 0
+        # rank: (steps, t, busy) at the last read of its engine's step counter
+        self.engine: dict[int, tuple[float, float, bool]] = {}
 
     def counts(self, now: float) -> np.ndarray:
         """Every rank's iteration count at ``now`` (brought up to date)."""
@@ -59,12 +72,23 @@ class IterationClock:
         if unknown[rank]:
             self.period[rank] = tpot
             return
-        self.period[rank] = (1 - ALPHA) * self.period[rank] + ALPHA * tpot
+        if rank not in self.engine:  # else the engine's own counter sets the period
+            self.period[rank] = (1 - ALPHA) * self.period[rank] + ALPHA * tpot
         if np.isnan(count_at_first):  # it began before the rank's clock ran
             return
         counted = self.count[rank] - count_at_first
         elapsed_after = max(now - last_t, 0.0) / self.period[rank]
         self.count[rank] += DRIFT_GAIN * ((tokens - 1) + elapsed_after - counted)
+
+    def engine_count(self, rank: int, steps: float, t: float, busy: bool) -> None:
+        """The rank's own step counter read at ``t`` (vLLM's ``vllm:iteration_tokens_total``
+        count; ``busy``: the rank had requests running): two reads while busy give the rank's
+        period (an idle rank counts no steps), which then replaces the finishes' average."""
+        self.counts(t)
+        last = self.engine.get(rank)
+        self.engine[rank] = (steps, t, busy)
+        if last is not None and busy and last[2] and steps > last[0] and t > last[1]:
+            self.period[rank] = (t - last[1]) / (steps - last[0])
 
     def count_at(self, rank: int, t: float) -> float:
         """``rank``'s count at ``t`` (a first token's), NaN while its period is unknown."""
@@ -156,3 +180,57 @@ class ClockedGroup(LiveGroup):
         if known.any():
             self.iteration = max(self.iteration, int(counts[known].max()))
         return super().snapshot(now)
+
+
+class EngineCounters:
+    """Reads each rank's step counter from its ``/metrics`` every ``interval_s`` into the
+    ranks' clocks; a rank whose engine does not publish it is read no more."""
+
+    def __init__(self, group: ClockedGroup, url_of: Callable[[int], str], header_mode: bool,
+                 interval_s: float) -> None:  # fmt: skip
+        self.group = group
+        self.url_of = url_of
+        self.header_mode = header_mode
+        self.interval_s = interval_s
+        self.absent: set[int] = set()
+
+    def read(self, rank: int, text: str, t: float) -> bool:
+        """One ``/metrics`` page of ``rank`` read at ``t``; False when it has no counter."""
+        steps = engine_steps(text, rank if self.header_mode else None)
+        if steps is None:
+            return False
+        self.group.clock.engine_count(rank, steps, t, bool(self.group.inflight[rank] > 0))
+        return True
+
+    async def run(self, session: aiohttp.ClientSession) -> None:
+        """Read every rank's counter each interval until cancelled."""
+        timeout = aiohttp.ClientTimeout(total=2.0)
+        while True:
+            for g in range(self.group.ranks):
+                if g in self.absent:
+                    continue
+                try:
+                    async with session.get(self.url_of(g) + "/metrics", timeout=timeout) as resp:
+                        text = await resp.text() if resp.status == 200 else ""
+                except (aiohttp.ClientError, OSError, TimeoutError):
+                    continue  # health checks deal with a rank that does not answer
+                if not self.read(g, text, self.group.clock_fn()):
+                    log.info("rank %d publishes no step counter: its clock follows the finishes", g)
+                    self.absent.add(g)
+            await asyncio.sleep(self.interval_s)
+
+
+def engine_steps(text: str, engine: int | None) -> float | None:
+    """The step count in a ``/metrics`` page (``vllm:iteration_tokens_total_count``, summed over
+    its series, or the series of ``engine``); None when the page has none."""
+    total, found = 0.0, False
+    want = None if engine is None else f'engine="{engine}"'
+    for line in text.splitlines():
+        if not line.startswith(STEPS):
+            continue
+        name, _, value = line.rpartition(" ")
+        if want is not None and want not in name:
+            continue
+        total += float(value)
+        found = True
+    return total if found else None

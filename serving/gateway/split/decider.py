@@ -40,7 +40,7 @@ from balanceroute.serving.gateway.life import LiveRequest, PoolFull, RequestLife
 from balanceroute.serving.gateway.runtime import UPSTREAM_KEY_ENV, Gateway
 from balanceroute.serving.gateway.settings import GatewaySettings
 from balanceroute.serving.gateway.split import wire
-from balanceroute.serving.gateway.split.clock import ClockedGroup
+from balanceroute.serving.gateway.split.clock import ClockedGroup, EngineCounters
 from balanceroute.serving.gateway.split.worker import SPEC_ENV
 from balanceroute.serving.http.server import configure_logging, serve
 
@@ -88,6 +88,7 @@ class Decider:
         self.restarts = 0
         self._server: asyncio.base_events.Server | None = None
         self._watch: asyncio.Task | None = None
+        self._counters: asyncio.Task | None = None
 
     # ---- the event lines ------------------------------------------------------------------
     async def start(self) -> None:
@@ -95,7 +96,12 @@ class Decider:
                                                        limit=wire.LIMIT)  # fmt: skip
         for i in range(len(self.workers)):
             self._spawn(i)
-        self._watch = asyncio.get_running_loop().create_task(self._supervise())
+        loop = asyncio.get_running_loop()
+        self._watch = loop.create_task(self._supervise())
+        s = self.gw.settings
+        counters = EngineCounters(self.gw.group, s.rank_url, s.rank_header is not None,  # type: ignore[arg-type]
+                                  s.health_interval_s)  # fmt: skip
+        self._counters = loop.create_task(counters.run(self.gw.session))
 
     async def _serve_link(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         link = Link(writer)
@@ -240,8 +246,9 @@ class Decider:
     async def stop(self) -> None:
         """Wait for the workers to finish (the drain deadline and a grace), then close."""
         self.stopping = True
-        if self._watch is not None:
-            self._watch.cancel()
+        for task in (self._watch, self._counters):
+            if task is not None:
+                task.cancel()
         deadline = self.gw.settings.drain_timeout_s + server.GRACE_S + 2
         loop = asyncio.get_running_loop()
         end = loop.time() + deadline

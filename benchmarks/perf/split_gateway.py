@@ -169,6 +169,38 @@ def overrun(emu_dir: Path, ts: float) -> dict[str, Any]:
     }
 
 
+def engine_view(run_dir: Path, ts: float) -> dict[str, Any]:
+    """How full the engine ran and how well it kept its clock, over every iteration with a
+    request running (after the first 2 s), and how long the replay took."""
+    it, _ = read_log(run_dir / "emulator")
+    running = rank_matrix(it, "running").sum(axis=1)
+    end = it["end_s"].to_numpy()
+    ratio = np.diff(end) / (it["duration_s"].to_numpy()[1:] / ts) - 1
+    busy = (running[1:] > 0) & (end[1:] >= end[0] + 2.0)
+    summary = json.loads((run_dir / "bench" / "summary.json").read_text())
+    return {
+        "running_p50": float(np.median(running[running > 0])) if (running > 0).any() else 0.0,
+        "overrun_busy_p50": float(np.median(ratio[busy])) if busy.any() else None,
+        "bench_duration_s": summary["duration"],
+        "median_ttft_ms": summary["median_ttft_ms"],
+    }
+
+
+def reanalyze(old: dict[str, Any], out: Path) -> dict[str, Any]:
+    """A saved run with :func:`engine_view` added to every run, from ``out``'s logs."""
+    for key, runs in old["runs"].items():
+        name, scale = key.split("/")
+        ts = float(scale[1:])
+        for label, row in runs.items():
+            if "imbalance_ratio" in label:
+                continue
+            mode, _, router = label.partition("/")
+            suffix = mode if not router else f"{mode}-{router.replace(':', '-')}"
+            row.update(engine_view(out / name / f"{scale}-{suffix}", ts))
+    old["reanalyzed"] = True
+    return old
+
+
 def relayed_tokens(emu_dir: Path) -> int:
     _, rq = read_log(emu_dir)
     return int(rq.loc[rq["finish_reason"] != "abort", "generated"].sum())
@@ -201,6 +233,7 @@ def one_run(urls_mode: str | None, router: str | None, trace: Path, n: int, ts: 
     tokens = relayed_tokens(out / "emulator")
     figs = live_figures(out, summary, ts, None, n)
     row = {
+        **engine_view(out, ts),
         "completed": summary["completed"],
         "failed": summary["failed"],
         "steady_imbalance": figs["steady_imbalance"],
@@ -302,7 +335,12 @@ def main() -> None:
     p.add_argument("--ttft-load", type=float, default=0.2)
     p.add_argument("--no-ttft", action="store_true")
     p.add_argument("--profile", metavar="DIR", help="profile the gateway (brh) instead")
+    p.add_argument("--reanalyze", metavar="JSON", help="add the engine's view to a saved run")
     args = p.parse_args()
+    if args.reanalyze:
+        old = json.loads(Path(args.reanalyze).read_text())
+        print(json.dumps(reanalyze(old, Path(args.out)), indent=2, default=float))
+        return
     out = Path(args.profile or args.out)
     names = [t for t in args.traces.split(",") if t]
     scales = [float(s) for s in args.time_scales.split(",") if s]

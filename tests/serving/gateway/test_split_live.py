@@ -57,10 +57,12 @@ def fake(tmp_path: Path) -> Iterator[FakeRank]:
         rank.stop()
 
 
+@pytest.mark.slow  # about 40 s on two busy cores: with -m slow
 def test_answers_fields_aborts_and_log(split, fake, tmp_path):
     answers.test_answers_keep_the_ranks_fields_and_the_log_stays_clean(fake, tmp_path)
 
 
+@pytest.mark.slow
 def test_deadlines_reroute_and_end_streams(split, fake, tmp_path):
     answers.test_deadlines_reroute_before_the_first_token_and_end_the_stream_after(fake, tmp_path)
 

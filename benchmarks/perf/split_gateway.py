@@ -170,17 +170,25 @@ def overrun(emu_dir: Path, ts: float) -> dict[str, Any]:
 
 
 def engine_view(run_dir: Path, ts: float) -> dict[str, Any]:
-    """How full the engine ran and how well it kept its clock, over every iteration with a
-    request running (after the first 2 s), and how long the replay took."""
+    """How full the engine ran and how well it kept its clock over every iteration with a
+    request running (after the first 2 s): the overrun, the median lateness behind its schedule
+    (ms, and as a share of the median iteration) and the re-anchorings; how long the replay
+    took."""
     it, _ = read_log(run_dir / "emulator")
     running = rank_matrix(it, "running").sum(axis=1)
     end = it["end_s"].to_numpy()
     ratio = np.diff(end) / (it["duration_s"].to_numpy()[1:] / ts) - 1
     busy = (running[1:] > 0) & (end[1:] >= end[0] + 2.0)
     summary = json.loads((run_dir / "bench" / "summary.json").read_text())
+    late = (end - it["deadline_s"].to_numpy())[1:][busy]
+    nominal = float(np.median(it["duration_s"].to_numpy()[1:][busy] / ts)) if busy.any() else None
+    emu = json.loads((run_dir / "emulator" / "summary.json").read_text())
     return {
         "running_p50": float(np.median(running[running > 0])) if (running > 0).any() else 0.0,
         "overrun_busy_p50": float(np.median(ratio[busy])) if busy.any() else None,
+        "lateness_p50_ms": float(np.median(late)) * 1e3 if busy.any() else None,
+        "lateness_share": float(np.median(late)) / nominal if nominal else None,
+        "resyncs": emu["resyncs"],
         "bench_duration_s": summary["duration"],
         "median_ttft_ms": summary["median_ttft_ms"],
     }
@@ -321,6 +329,52 @@ def profile(trace: Path, n: int, ts: float, load: float, mode: str, out: Path) -
     }
 
 
+def _f(value: Any, fmt: str = ".3f") -> str:
+    return "n/a" if value is None else format(value, fmt)
+
+
+def render(result: dict[str, Any]) -> str:
+    """The tables of ``docs/results.md`` from a saved (reanalyzed) result."""
+    lines = []
+    for key, runs in result["runs"].items():
+        lines += [
+            f"**{key}**:",
+            "",
+            "| run | replay (s) | engine running p50 | overrun p50 (full) | lateness p50 (share of "
+            "an iteration), re-anchorings | steady imbalance | idle slots while waiting p50 | CPU s "
+            "per 1k tokens (decider + relays) |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for label, row in runs.items():
+            if "imbalance_ratio" in label:
+                continue
+            cpu = _f(row.get("cpu_s_per_1k_tokens"))
+            if row.get("cpu_s_decider") is not None:
+                tokens = row["relayed_tokens"] / 1e3
+                cpu += (f" ({row['cpu_s_decider'] / tokens:.3f} + "
+                        f"{row['cpu_s_relays'] / tokens:.3f})")  # fmt: skip
+            lines.append(
+                f"| {label} | {_f(row.get('bench_duration_s'), '.1f')} | "
+                f"{_f(row.get('running_p50'), '.0f')} | {_f(row.get('overrun_p50'), '.1%')} | "
+                f"{_f(row.get('lateness_p50_ms'), '.1f')} ms ({_f(row.get('lateness_share'), '.0%')}),"
+                f" {row.get('resyncs', 'n/a')} | {_f(row.get('steady_imbalance'), ',.0f')} | "
+                f"{_f(row.get('idle_slots_while_waiting_p50'), '.0f')} | {cpu} |"
+            )
+        ratios = [f"{k.split('/')[0]} {_f(v['live'])} (sim {_f(v['sim'])})"
+                  for k, v in runs.items() if "imbalance_ratio" in k]  # fmt: skip
+        if ratios:
+            lines += ["", "BR-H's steady imbalance over `count-jsq`'s, live: " + "; ".join(ratios)]
+        lines.append("")
+    tt = result.get("added_ttft")
+    if tt:
+        parts = [f"{m} +{_f(v['added_median_ttft_ms'], '.2f')} ms" for m, v in tt.items()
+                 if isinstance(v, dict)]  # fmt: skip
+        lines.append(f"Added median TTFT at low load ({tt['requests']} requests at {tt['load']:g}x "
+                     f"capacity, real time; direct {_f(tt['direct_outside_engine_ms_p50'], '.2f')} "
+                     f"ms outside the engine): " + ", ".join(parts))  # fmt: skip
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="runs/split")
@@ -336,7 +390,11 @@ def main() -> None:
     p.add_argument("--no-ttft", action="store_true")
     p.add_argument("--profile", metavar="DIR", help="profile the gateway (brh) instead")
     p.add_argument("--reanalyze", metavar="JSON", help="add the engine's view to a saved run")
+    p.add_argument("--render", metavar="JSON", help="print the tables of a saved result")
     args = p.parse_args()
+    if args.render:
+        print(render(json.loads(Path(args.render).read_text())))
+        return
     if args.reanalyze:
         old = json.loads(Path(args.reanalyze).read_text())
         print(json.dumps(reanalyze(old, Path(args.out)), indent=2, default=float))

@@ -47,6 +47,7 @@ from balanceroute.serving.http.server import configure_logging, serve
 log = logging.getLogger("balanceroute.gateway")
 WORKER = [sys.executable, "-m", "balanceroute.serving.gateway.split.worker"]
 RELAY_LOST = "relay_lost"
+RESPAWN_S = 1.0  # a worker is started at most this often
 
 
 def build_decider(settings: GatewaySettings) -> Gateway:
@@ -224,16 +225,23 @@ class Decider:
         self.workers[index] = subprocess.Popen(WORKER, env=env, pass_fds=(self.listener.fileno(),))
 
     async def _supervise(self) -> None:
-        """Start again any worker that died (checked every tenth of a health interval)."""
+        """Start again any worker that died (checked every tenth of a health interval; a worker
+        is started at most once a second, so one that cannot start does not spin)."""
         every = max(0.05, self.gw.settings.health_interval_s / 10)
+        loop = asyncio.get_running_loop()
+        started = [loop.time()] * len(self.workers)
         while not self.stopping:
             await asyncio.sleep(every)
             for i, proc in enumerate(self.workers):
-                if proc is not None and proc.poll() is not None and not self.stopping:
-                    log.warning("relay worker %d (pid %d) exited with %s: starting it again", i,
-                                proc.pid, proc.returncode)  # fmt: skip
-                    self.restarts += 1
-                    self._spawn(i)
+                if proc is None or proc.poll() is None or self.stopping:
+                    continue
+                if loop.time() - started[i] < RESPAWN_S:
+                    continue
+                log.warning("relay worker %d (pid %d) exited with %s: starting it again", i,
+                            proc.pid, proc.returncode)  # fmt: skip
+                self.restarts += 1
+                started[i] = loop.time()
+                self._spawn(i)
 
     def begin_drain(self) -> None:
         """Shutdown began: the workers drain their streams (the decider keeps deciding)."""

@@ -67,6 +67,7 @@ def test_deadlines_reroute_and_end_streams(split, fake, tmp_path):
     answers.test_deadlines_reroute_before_the_first_token_and_end_the_stream_after(fake, tmp_path)
 
 
+@pytest.mark.slow
 def test_sigterm_drains_through_the_workers(split, fake, tmp_path):
     answers.test_sigterm_drains_streams_and_ends_the_rest_with_done(fake, tmp_path)
 
@@ -170,4 +171,4 @@ def test_a_killed_relay_worker_frees_its_slots_and_the_rest_keep_serving(tmp_pat
         assert text.rstrip().endswith("data: [DONE]") and '"error"' not in text, text[-300:]
     assert [token_events(t) for t in whole] == [2500] * len(whole)
     assert [token_events(t) for t in res["after"]] == [20] * 8
-    assert "relay worker 0" in gw.log() and "starting it again" in gw.log()
+    assert f"(pid {res['victim']}) exited" in gw.log() and "starting it again" in gw.log()

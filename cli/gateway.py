@@ -8,6 +8,7 @@ import re
 from balanceroute.cli.options import add_alias, positive_float, positive_int
 from balanceroute.serving.gateway.server import build_gateway, run_gateway
 from balanceroute.serving.gateway.settings import GatewaySettings
+from balanceroute.serving.gateway.split.decider import build_decider, run_split
 from balanceroute.serving.http.settings import load_settings
 
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h)?\s*$")
@@ -110,6 +111,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--idle-timeout", dest="idle_timeout_s", type=duration,
                    help="a kept-alive connection idle this long is closed (5s)")  # fmt: skip
     s.add_argument("--log-level", help="log level (info)")
+    s.add_argument(
+        "--relay-workers", type=int, metavar="N",
+        help="split the gateway: one decider process and N relay worker processes sharing the "
+        "port, which move the bytes and report first tokens and finishes (0: one process, the "
+        "default)",
+    )  # fmt: skip
     p.set_defaults(func=cmd_gateway)
 
 
@@ -118,7 +125,7 @@ FLAGS = ("ranks", "slots", "rank_header", "group_size", "router", "estimator", "
          "first_token_timeout_s", "chunk_timeout_s", "drain_timeout_s", "no_rank_wait_s",
          "arms", "switch_every_s", "warmup_s", "seed", "track", "host", "port", "out",
          "health_interval_s", "health_fall", "health_rise", "header_timeout_s", "body_timeout_s",
-         "idle_timeout_s", "log_level")  # fmt: skip
+         "idle_timeout_s", "log_level", "relay_workers")  # fmt: skip
 
 
 def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
@@ -129,12 +136,15 @@ def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
 def cmd_gateway(args: argparse.Namespace) -> int:
     """Check everything and load every model first (errors exit 2), then serve until stopped."""
     settings = settings_from_args(args)
-    gateway = build_gateway(settings)
+    gateway = build_decider(settings) if settings.relay_workers else build_gateway(settings)
     arms = ", ".join(a.label for a in gateway.arms)
     print(
         f"gateway on http://{settings.host}:{settings.port} in front of {settings.group} ranks "
         f"x {settings.slots} slots; arms: {arms}",
         flush=True,
     )
-    run_gateway(settings, gateway)
+    if settings.relay_workers:
+        run_split(settings, gateway)
+    else:
+        run_gateway(settings, gateway)
     return 0

@@ -55,6 +55,7 @@ class Gateway:
         counter: PromptCounter,
         *,
         upstream_key: str | None = None,
+        group: LiveGroup | None = None,
     ) -> None:
         self.settings = settings
         self.arms = arms
@@ -62,7 +63,7 @@ class Gateway:
         self.upstream_key = upstream_key
         self.clock = time.monotonic
         self.metrics = GatewayMetrics()
-        self.group = LiveGroup.sized(settings.group, settings.slots, settings.max_pool)
+        self.group = group or LiveGroup.sized(settings.group, settings.slots, settings.max_pool)
         self.switchback = Switchback(
             [a.label for a in arms],
             settings.switch_every_s,
@@ -107,12 +108,7 @@ class Gateway:
 
     def upstream_headers(self, rank: int, request_id: str) -> dict[str, str]:
         """Headers of a forwarded request: JSON, its id, the rank (header mode), the key."""
-        headers = {"content-type": "application/json", "x-request-id": request_id}
-        if self.settings.rank_header is not None:
-            headers[self.settings.rank_header] = str(rank)
-        if self.upstream_key:
-            headers["authorization"] = f"Bearer {self.upstream_key}"
-        return headers
+        return forward_headers(self.settings, self.upstream_key, rank, request_id)
 
     # ---- life -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -213,3 +209,15 @@ class Gateway:
                 if o.status != "unchanged":
                     self.metrics.reloads.labels(o.status).inc()
             return out
+
+
+def forward_headers(
+    settings: GatewaySettings, upstream_key: str | None, rank: int, request_id: str
+) -> dict[str, str]:
+    """Headers of a forwarded request: JSON, its id, the rank (header mode), the key."""
+    headers = {"content-type": "application/json", "x-request-id": request_id}
+    if settings.rank_header is not None:
+        headers[settings.rank_header] = str(rank)
+    if upstream_key:
+        headers["authorization"] = f"Bearer {upstream_key}"
+    return headers

@@ -133,6 +133,11 @@ class GatewaySettings(ServiceSettings):
         description="completion-log part age at most: what a SIGKILL can lose (s)",
     )  # fmt: skip
     track: bool = Field(default=True, description="log the switchback to MLflow at shutdown")
+    relay_workers: int = Field(
+        default=0, ge=0, le=64,
+        description="relay worker processes in front of one decider process (0: one process "
+        "does everything)",
+    )  # fmt: skip
 
     @field_validator("rank_header", "estimator", "estimator_url", "history", "arms", mode="before")
     @classmethod

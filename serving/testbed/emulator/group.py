@@ -343,6 +343,7 @@ class DecodeGroup:
                         w.set_result(None)
             m = rank.metrics
             m.generation_tokens += n
+            m.iteration_tokens.observe(n)
             first = rank.admitted_now
             if first:
                 for r in running[n - first :]:

@@ -5,8 +5,9 @@ Prometheus logger: ``vllm:num_requests_running`` / ``vllm:num_requests_waiting``
 ``vllm:kv_cache_usage_perc`` (gauges), ``vllm:prompt_tokens_total`` /
 ``vllm:generation_tokens_total`` / ``vllm:request_success_total{finished_reason}`` (counters),
 ``vllm:time_per_output_token_seconds`` (one observation per output token after a request's
-first), ``vllm:time_to_first_token_seconds`` and ``vllm:e2e_request_latency_seconds``
-(histograms). The histograms are tiny counting arrays rather than ``prometheus_client`` objects:
+first), ``vllm:time_to_first_token_seconds``, ``vllm:e2e_request_latency_seconds`` and
+``vllm:iteration_tokens_total`` (one observation per engine step the rank ran: its ``_count`` is
+the rank's step counter) (histograms). The histograms are tiny counting arrays rather than ``prometheus_client`` objects:
 every running request of a rank sees the same inter-token interval in an iteration, so one
 weighted observation per iteration replaces one call per token.
 """
@@ -21,6 +22,7 @@ TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75
                 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 FINISH_REASONS = ("stop", "length", "abort")
 
 
@@ -57,7 +59,8 @@ class Histogram:
 class RankMetrics:
     """Counters and histograms of one rank (gauges are read from the rank when rendering)."""
 
-    __slots__ = ("e2e", "generation_tokens", "labels", "prompt_tokens", "success", "tpot", "ttft")
+    __slots__ = ("e2e", "generation_tokens", "iteration_tokens", "labels", "prompt_tokens",
+                 "success", "tpot", "ttft")  # fmt: skip
 
     def __init__(self, model: str, rank: int) -> None:
         self.labels = f'model_name="{model}",engine="{rank}"'
@@ -67,6 +70,7 @@ class RankMetrics:
         self.tpot = Histogram(TPOT_BUCKETS)
         self.ttft = Histogram(TTFT_BUCKETS)
         self.e2e = Histogram(E2E_BUCKETS)
+        self.iteration_tokens = Histogram(ITERATION_BUCKETS)  # one observation per step run
 
     def render(self, running: int, waiting: int, kv_usage: float) -> str:
         """The whole ``/metrics`` page of this rank."""
@@ -104,6 +108,9 @@ class RankMetrics:
         )
         lines += self.e2e.render(
             "vllm:e2e_request_latency_seconds", lb, "Histogram of e2e request latency in seconds."
+        )
+        lines += self.iteration_tokens.render(
+            "vllm:iteration_tokens_total", lb, "Histogram of number of tokens per engine_step."
         )
         return "\n".join(lines) + "\n"
 

@@ -1,0 +1,466 @@
+"""The gateway's data plane side by side: one process against the decider with relay workers.
+
+For each shared trace and emulator time scale, the same requests (``--requests`` after
+``--train``, at ``--load`` times the decode capacity of a G = 8, B = 32 ``paper-dsv3`` group) are
+replayed by ``balanceroute bench`` through ``balanceroute gateway`` in each mode (``single``: the
+one-process gateway; ``relayN``: ``--relay-workers N``), with ``count-jsq`` and ``brh``, each
+against a fresh ``balanceroute emulate`` group; and once straight to the ranks (round-robin).
+``--modes ...,nginx`` adds Debian's nginx as a round-robin proxy (one worker, unbuffered): what a
+compiled data plane costs per token, without any admission.
+Per run:
+
+- iteration overrun: each iteration's wall interval over its cost-model duration divided by the
+  time scale, minus 1, over the iterations with at least 90% of the slots running (after the
+  first 2 s), median (the emulator keeps its clock when it is at most 5%);
+- the steady imbalance, as ``live_gateway.py`` (iterations starting while a request waits); the
+  live imbalance ratio ``brh`` / ``count-jsq`` beside the simulator's on the same requests;
+- the gateway's CPU seconds (every process of it: the decider and its relay workers, told
+  apart) per 1,000 relayed tokens (the emulator's generated tokens of requests that finished),
+  from the first request to the last answer (start-up excluded);
+- the added median TTFT at low load (``--ttft-requests`` at ``--ttft-load``, real time): the
+  client's TTFT minus the engine's own first-chunk time, through the gateway minus straight to
+  the ranks (``live_gateway.py``'s measure).
+
+``--profile DIR`` instead runs the one-process gateway (or the relay workers, ``--modes relay1``)
+under cProfile with ``brh`` and writes the top functions by own time.
+
+    .venv/bin/python benchmarks/perf/split_gateway.py --out runs/split > runs/split.json
+    .venv/bin/python benchmarks/perf/split_gateway.py --profile runs/split_prof --traces azure
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pstats
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import psutil
+
+from balanceroute.features.trace_io import write_trace
+from balanceroute.features.workload import WorkloadSpec, load_workload
+from balanceroute.serving.testbed.emulator.iterlog import rank_matrix, read_log
+from balanceroute.serving.testbed.harness import ServerProcess, clean_env, free_port
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from live_gateway import (
+    CLI,
+    DATA,
+    TRACES,
+    B,
+    G,
+    _outside_the_engine_ms,
+    bench,
+    live_figures,
+    rebased,
+    released,
+    sim_arm,
+    start_emulator,
+    stop,
+)
+
+ROUTERS = ("count-jsq", "brh:none")
+# uvicorn re-raises SIGTERM after its shutdown: a handler of ours turns it into SystemExit, which
+# cProfile.run catches before writing the profile
+PROFILED = ("import signal, sys, cProfile; from balanceroute.cli import main; "
+            "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); cProfile.run('main()', {out!r})")
+
+
+def mode_args(mode: str) -> list[str]:
+    """The gateway flags of a mode: ``single`` or ``relayN`` (``nginx``: no gateway)."""
+    if mode in ("single", "nginx"):
+        return []
+    if mode.startswith("relay") and mode[5:].isdigit():
+        return ["--relay-workers", mode[5:]]
+    raise SystemExit(f"unknown mode {mode!r}: single or relayN")
+
+
+def start_gateway(urls: list[str], extra: list[str], out_dir: Path,
+                  profile: Path | None = None) -> tuple[ServerProcess, str]:  # fmt: skip
+    port = free_port()
+    head = CLI if profile is None else [sys.executable, "-c", PROFILED.format(out=str(profile))]
+    args = [*head, "gateway", "--slots", str(B), "--port", str(port), "--out", str(out_dir),
+            "--no-mlflow"]  # fmt: skip
+    for u in urls:
+        args += ["--rank", u]
+    env = clean_env({"BALANCEROUTE_LOG_LEVEL": "warning"})
+    if profile is not None:
+        env["BALANCEROUTE_RELAY_PROFILE"] = str(profile)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    proc = ServerProcess(args + extra, log=out_dir.parent / "gateway.out", env=env)
+    url = f"http://127.0.0.1:{port}"
+    proc.wait_ready([url + "/readyz"], timeout_s=180, poll_s=0.2)
+    return proc, url
+
+
+NGINX_CONF = """worker_processes 1;
+user root;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  client_body_temp_path {dir}/body;
+  proxy_temp_path {dir}/proxy;
+  upstream ranks {{ {servers} keepalive 512; }}
+  server {{
+    listen 127.0.0.1:{port};
+    location / {{
+      proxy_pass http://ranks;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      proxy_request_buffering off;
+      proxy_read_timeout 3600s;
+    }}
+  }}
+}}
+"""
+
+
+def start_nginx(urls: list[str], out_dir: Path) -> tuple[ServerProcess, str]:
+    """nginx (Debian's) in front of the ranks, round-robin, one worker, unbuffered streams."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    servers = " ".join(f"server {u.split('://', 1)[1]};" for u in urls)
+    conf = out_dir / "nginx.conf"
+    conf.write_text(NGINX_CONF.format(dir=out_dir.resolve(), servers=servers, port=port))
+    proc = ServerProcess(["nginx", "-p", str(out_dir.resolve()), "-c", str(conf.resolve()), "-g",
+                          "daemon off;"], log=out_dir / "nginx.out")  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    proc.wait_ready([url + "/health"], timeout_s=60, poll_s=0.2)
+    return proc, url
+
+
+def cpu_split(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) of the gateway process and of its children."""
+    main = psutil.Process(pid)
+    t = main.cpu_times()
+    kids = 0.0
+    for child in main.children(recursive=True):
+        try:
+            c = child.cpu_times()
+            kids += c.user + c.system
+        except psutil.NoSuchProcess:
+            continue
+    return {"main": t.user + t.system, "children": kids}
+
+
+def overrun(emu_dir: Path, ts: float) -> dict[str, Any]:
+    """Median (and p90) iteration overrun over the nearly full iterations."""
+    it, _ = read_log(emu_dir)
+    running = rank_matrix(it, "running").sum(axis=1)
+    end = it["end_s"].to_numpy()
+    nominal = it["duration_s"].to_numpy() / ts
+    ratio = np.diff(end) / nominal[1:] - 1
+    full = (running[1:] >= 0.9 * G * B) & (end[1:] >= end[0] + 2.0)
+    if not full.any():
+        return {"overrun_p50": None, "overrun_p90": None, "full_iterations": 0}
+    return {
+        "overrun_p50": float(np.median(ratio[full])),
+        "overrun_p90": float(np.percentile(ratio[full], 90)),
+        "full_iterations": int(full.sum()),
+    }
+
+
+def engine_view(run_dir: Path, ts: float) -> dict[str, Any]:
+    """How full the engine ran and how well it kept its clock over every iteration with a
+    request running (after the first 2 s): the overrun, the median lateness behind its schedule
+    (ms, and as a share of the median iteration) and the re-anchorings; how long the replay
+    took."""
+    it, _ = read_log(run_dir / "emulator")
+    running = rank_matrix(it, "running").sum(axis=1)
+    end = it["end_s"].to_numpy()
+    ratio = np.diff(end) / (it["duration_s"].to_numpy()[1:] / ts) - 1
+    busy = (running[1:] > 0) & (end[1:] >= end[0] + 2.0)
+    summary = json.loads((run_dir / "bench" / "summary.json").read_text())
+    late = (end - it["deadline_s"].to_numpy())[1:][busy]
+    nominal = float(np.median(it["duration_s"].to_numpy()[1:][busy] / ts)) if busy.any() else None
+    emu = json.loads((run_dir / "emulator" / "summary.json").read_text())
+    return {
+        "running_p50": float(np.median(running[running > 0])) if (running > 0).any() else 0.0,
+        "overrun_busy_p50": float(np.median(ratio[busy])) if busy.any() else None,
+        "lateness_p50_ms": float(np.median(late)) * 1e3 if busy.any() else None,
+        "lateness_share": float(np.median(late)) / nominal if nominal else None,
+        "resyncs": emu["resyncs"],
+        "bench_duration_s": summary["duration"],
+        "median_ttft_ms": summary["median_ttft_ms"],
+    }
+
+
+def reanalyze(old: dict[str, Any], out: Path) -> dict[str, Any]:
+    """A saved run with :func:`engine_view` added to every run, from ``out``'s logs."""
+    for key, runs in old["runs"].items():
+        name, scale = key.split("/")
+        ts = float(scale[1:])
+        for label, row in runs.items():
+            if "imbalance_ratio" in label:
+                continue
+            mode, _, router = label.partition("/")
+            suffix = mode if not router else f"{mode}-{router.replace(':', '-')}"
+            row.update(engine_view(out / name / f"{scale}-{suffix}", ts))
+    old["reanalyzed"] = True
+    return old
+
+
+def relayed_tokens(emu_dir: Path) -> int:
+    _, rq = read_log(emu_dir)
+    return int(rq.loc[rq["finish_reason"] != "abort", "generated"].sum())
+
+
+def one_run(urls_mode: str | None, router: str | None, trace: Path, n: int, ts: float,
+            load: float, out: Path) -> dict[str, Any]:  # fmt: skip
+    """One replay: through the gateway in ``urls_mode`` with ``router``, or direct (None)."""
+    out.mkdir(parents=True, exist_ok=True)
+    emu, urls = start_emulator(ts, out / "emulator", out / "emulator.out")
+    cpu = None
+    try:
+        if urls_mode is None:
+            summary = bench(urls, trace, n, load, ts, out / "bench")
+        else:
+            if urls_mode == "nginx":
+                gw, gw_url = start_nginx(urls, out / "nginx")
+            else:
+                extra = ["--router", router, *mode_args(urls_mode)]
+                gw, gw_url = start_gateway(urls, extra, out / "gateway")
+            try:
+                before = cpu_split(gw.pid)
+                summary = bench([gw_url], trace, n, load, ts, out / "bench")
+                after = cpu_split(gw.pid)
+                cpu = {k: after[k] - before[k] for k in after}
+            finally:
+                stop(gw)
+    finally:
+        stop(emu)
+    tokens = relayed_tokens(out / "emulator")
+    figs = live_figures(out, summary, ts, None, n)
+    row = {
+        **engine_view(out, ts),
+        "completed": summary["completed"],
+        "failed": summary["failed"],
+        "steady_imbalance": figs["steady_imbalance"],
+        "idle_slots_while_waiting_p50": figs["idle_slots_while_waiting_p50"],
+        "relayed_tokens": tokens,
+        **overrun(out / "emulator", ts),
+    }
+    if cpu is not None:
+        total = cpu["main"] + cpu["children"]
+        row.update(
+            cpu_s=total,
+            cpu_s_decider=cpu["main"] if urls_mode.startswith("relay") else None,
+            cpu_s_relays=cpu["children"] if urls_mode.startswith("relay") else None,
+            cpu_s_per_1k_tokens=1e3 * total / tokens if tokens else None,
+        )
+    return row
+
+
+def added_ttft(trace: Path, modes: list[str], n: int, load: float, out: Path) -> dict[str, Any]:
+    """Low-load TTFT outside the engine: direct, then through the gateway in each mode."""
+    res: dict[str, Any] = {"requests": n, "load": load}
+    out.mkdir(parents=True, exist_ok=True)
+    emu, urls = start_emulator(1.0, out / "emu-direct", out / "emu-direct.out")
+    try:
+        bench(urls, trace, n, load, 1.0, out / "direct")
+    finally:
+        stop(emu)
+    direct = float(np.median(_outside_the_engine_ms(out / "direct", out / "emu-direct")))
+    res["direct_outside_engine_ms_p50"] = direct
+    for mode in modes:
+        emu, urls = start_emulator(1.0, out / f"emu-{mode}", out / f"emu-{mode}.out")
+        try:
+            if mode == "nginx":
+                gw, gw_url = start_nginx(urls, out / "nginx")
+            else:
+                extra = ["--router", "count-jsq", *mode_args(mode)]
+                gw, gw_url = start_gateway(urls, extra, out / f"gw-{mode}")
+            try:
+                bench([gw_url], trace, n, load, 1.0, out / mode)
+            finally:
+                stop(gw)
+        finally:
+            stop(emu)
+        via = _outside_the_engine_ms(out / mode, out / f"emu-{mode}")
+        res[mode] = {
+            "outside_engine_ms_p50": float(np.median(via)),
+            "added_median_ttft_ms": float(np.median(via)) - direct,
+        }
+    return res
+
+
+def profile(trace: Path, n: int, ts: float, load: float, mode: str, out: Path) -> dict[str, Any]:
+    """The gateway under cProfile for one ``brh`` replay: the top functions by own time."""
+    out.mkdir(parents=True, exist_ok=True)
+    prof = out / "gateway.prof"
+    emu, urls = start_emulator(ts, out / "emulator", out / "emulator.out")
+    try:
+        extra = ["--router", "brh:none", *mode_args(mode)]
+        gw, gw_url = start_gateway(urls, extra, out / "gateway", profile=prof)
+        try:
+            summary = bench([gw_url], trace, n, load, ts, out / "bench")
+        finally:
+            stop(gw)
+    finally:
+        stop(emu)
+    files = [p for p in [prof, *sorted(out.glob("gateway.prof.relay-*"))] if p.exists()]
+    stats = pstats.Stats(*map(str, files))
+    total = stats.total_tt  # type: ignore[attr-defined]
+    rows = []
+    for (file, line, func), (_, calls, own, cum, _) in stats.stats.items():  # type: ignore[attr-defined]
+        rows.append((own, cum, calls, f"{Path(file).name}:{line}({func})"))
+    rows.sort(reverse=True)
+    tokens = relayed_tokens(out / "emulator")
+    return {
+        "time_scale": ts,
+        "mode": mode,
+        "completed": summary["completed"],
+        "relayed_tokens": tokens,
+        "profiled_s": total,
+        "profiled_s_per_1k_tokens": 1e3 * total / tokens if tokens else None,
+        "top_own": [
+            {"fn": name, "own_s": round(own, 3), "share": round(own / total, 4), "calls": calls}
+            for own, cum, calls, name in rows[:25]
+        ],
+    }
+
+
+def _f(value: Any, fmt: str = ".3f") -> str:
+    return "n/a" if value is None else format(value, fmt)
+
+
+def render(result: dict[str, Any]) -> str:
+    """The tables of ``docs/results.md`` from a saved (reanalyzed) result."""
+    lines = []
+    for key, runs in result["runs"].items():
+        lines += [
+            f"**{key}**:",
+            "",
+            "| run | replay (s) | engine running p50 | overrun p50 (full) | lateness p50 (share of "
+            "an iteration), re-anchorings | steady imbalance | idle slots while waiting p50 | CPU s "
+            "per 1k tokens (decider + relays) |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for label, row in runs.items():
+            if "imbalance_ratio" in label:
+                continue
+            cpu = _f(row.get("cpu_s_per_1k_tokens"))
+            if row.get("cpu_s_decider") is not None:
+                tokens = row["relayed_tokens"] / 1e3
+                cpu += (f" ({row['cpu_s_decider'] / tokens:.3f} + "
+                        f"{row['cpu_s_relays'] / tokens:.3f})")  # fmt: skip
+            lines.append(
+                f"| {label} | {_f(row.get('bench_duration_s'), '.1f')} | "
+                f"{_f(row.get('running_p50'), '.0f')} | {_f(row.get('overrun_p50'), '.1%')} | "
+                f"{_f(row.get('lateness_p50_ms'), '.1f')} ms ({_f(row.get('lateness_share'), '.0%')}),"
+                f" {row.get('resyncs', 'n/a')} | {_f(row.get('steady_imbalance'), ',.0f')} | "
+                f"{_f(row.get('idle_slots_while_waiting_p50'), '.0f')} | {cpu} |"
+            )
+        ratios = [f"{k.split('/')[0]} {_f(v['live'])} (sim {_f(v['sim'])})"
+                  for k, v in runs.items() if "imbalance_ratio" in k]  # fmt: skip
+        if ratios:
+            lines += ["", "BR-H's steady imbalance over `count-jsq`'s, live: " + "; ".join(ratios)]
+        lines.append("")
+    tt = result.get("added_ttft")
+    if tt:
+        parts = [f"{m} +{_f(v['added_median_ttft_ms'], '.2f')} ms" for m, v in tt.items()
+                 if isinstance(v, dict)]  # fmt: skip
+        lines.append(f"Added median TTFT at low load ({tt['requests']} requests at {tt['load']:g}x "
+                     f"capacity, real time; direct {_f(tt['direct_outside_engine_ms_p50'], '.2f')} "
+                     f"ms outside the engine): " + ", ".join(parts))  # fmt: skip
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="runs/split")
+    p.add_argument("--traces", default="azure,mooncake")
+    p.add_argument("--time-scales", default="1,4,16")
+    p.add_argument("--modes", default="single,relay1,relay2")
+    p.add_argument("--routers", default=",".join(ROUTERS))
+    p.add_argument("--requests", type=int, default=800)
+    p.add_argument("--train", type=int, default=3000)
+    p.add_argument("--load", type=float, default=1.1)
+    p.add_argument("--ttft-requests", type=int, default=150)
+    p.add_argument("--ttft-load", type=float, default=0.2)
+    p.add_argument("--no-ttft", action="store_true")
+    p.add_argument("--profile", metavar="DIR", help="profile the gateway (brh) instead")
+    p.add_argument("--reanalyze", metavar="JSON", help="add the engine's view to a saved run")
+    p.add_argument("--render", metavar="JSON", help="print the tables of a saved result")
+    args = p.parse_args()
+    if args.render:
+        print(render(json.loads(Path(args.render).read_text())))
+        return
+    if args.reanalyze:
+        old = json.loads(Path(args.reanalyze).read_text())
+        print(json.dumps(reanalyze(old, Path(args.out)), indent=2, default=float))
+        return
+    out = Path(args.profile or args.out)
+    names = [t for t in args.traces.split(",") if t]
+    scales = [float(s) for s in args.time_scales.split(",") if s]
+    modes = [m for m in args.modes.split(",") if m]
+    routers = [r for r in args.routers.split(",") if r]
+    result: dict[str, Any] = {"G": G, "B": B, "load": args.load, "requests": args.requests,
+                              "loadavg_before": os.getloadavg(), "runs": {}}  # fmt: skip
+    t0 = time.time()
+    for name in names:
+        frame, _ = load_workload(WorkloadSpec(trace=str(DATA / TRACES[name])))
+        replay = rebased(frame.iloc[args.train : args.train + args.requests])
+        folder = out / name
+        folder.mkdir(parents=True, exist_ok=True)
+        trace = write_trace(replay, folder / "replay.parquet")
+        if args.profile:
+            for ts in scales:
+                for mode in modes:
+                    key = f"{name}/x{ts:g}/{mode}"
+                    result["runs"][key] = profile(trace, args.requests, ts, args.load, mode,
+                                                  folder / f"x{ts:g}-{mode}")  # fmt: skip
+                    print(key, json.dumps(result["runs"][key])[:400], file=sys.stderr, flush=True)
+            continue
+        rel, _ = released(replay, args.load)
+        sim = {r: sim_arm(rel, r, None)["steady_imbalance"] for r in routers}
+        result.setdefault("sim_steady_imbalance", {})[name] = sim
+        for ts in scales:
+            runs: dict[str, Any] = {}
+            runs["direct"] = one_run(None, None, trace, args.requests, ts, args.load,
+                                     folder / f"x{ts:g}-direct")  # fmt: skip
+            for mode in modes:
+                if mode == "nginx":  # round-robin, no router: one run
+                    runs["nginx"] = one_run(mode, None, trace, args.requests, ts, args.load,
+                                            folder / f"x{ts:g}-nginx")  # fmt: skip
+                    print(name, ts, "nginx", json.dumps(runs["nginx"]), file=sys.stderr, flush=True)
+                    continue
+                for r in routers:
+                    runs[f"{mode}/{r}"] = one_run(mode, r, trace, args.requests, ts, args.load,
+                                                  folder / f"x{ts:g}-{mode}-{r.replace(':', '-')}")  # fmt: skip
+                    print(name, ts, mode, r, json.dumps(runs[f"{mode}/{r}"]), file=sys.stderr,
+                          flush=True)  # fmt: skip
+                if "count-jsq" in routers and "brh:none" in routers:
+                    live = _ratio(runs[f"{mode}/brh:none"]["steady_imbalance"],
+                                  runs[f"{mode}/count-jsq"]["steady_imbalance"])  # fmt: skip
+                    runs[f"{mode}/brh_imbalance_ratio"] = {
+                        "live": live,
+                        "sim": _ratio(sim["brh:none"], sim["count-jsq"]),
+                    }
+            result["runs"][f"{name}/x{ts:g}"] = runs
+    if not args.profile and not args.no_ttft:
+        first = out / names[0] / "replay.parquet"
+        frame = pd.read_parquet(first)
+        ttft_trace = write_trace(frame.iloc[: args.ttft_requests], out / "ttft-replay.parquet")
+        result["added_ttft"] = added_ttft(ttft_trace, modes, args.ttft_requests, args.ttft_load,
+                                          out / "ttft")  # fmt: skip
+    result["wall_s"] = time.time() - t0
+    result["loadavg_after"] = os.getloadavg()
+    print(json.dumps(result, indent=2, default=float))
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b == 0 else a / b
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,236 @@
+"""Age from the clock: each rank's iteration clock estimated from the events, so the decider
+knows every running request's age (tokens so far) without seeing a chunk.
+
+A synchronized decode rank emits one token per running request per iteration, so a request's age
+is 1 plus the iterations its rank ran since its first token. Each rank keeps an iteration count
+integrated over time at its estimated iteration period (``count += dt / period``); a request's
+count at its first token is remembered, and its age now is ``1 + count(now) - count(first)``.
+The period is learned from finishes: a request that streamed ``n`` tokens between ``first_t`` and
+``last_t`` saw iterations of ``(last_t - first_t) / (n - 1)`` on average (a moving average, per
+rank, seeded by the group's); and its exact age at the end corrects the count's drift. Until the
+first finish every running request's age stays 1 (as the first chunk says); a request that
+began before its rank's period was known ages by the time since its first token.
+
+Where the engine publishes its own step counter (vLLM's ``vllm:iteration_tokens_total``
+histogram: one observation per engine step), the decider reads it every health interval
+(:class:`EngineCounters`): two reads with requests running give the rank's period, which
+replaces the finishes' average (the finishes still correct the count's drift).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import aiohttp
+import numpy as np
+
+from balanceroute.router.policies.state import RouterState
+from balanceroute.serving.gateway.state import LiveGroup
+
+log = logging.getLogger("balanceroute.gateway")
+STEPS = "vllm:iteration_tokens_total_count"
+ALPHA = 0.2  # weight of the newest finish in the period's moving average
+DRIFT_GAIN = 0.5  # share of a finish's age error the count absorbs
+
+
+class IterationClock:
+    """Per-rank iteration counts integrated at estimated periods (module docstring)."""
+
+    def __init__(self, ranks: int, now: float) -> None:
+        self.period = np.full(ranks, np.nan)  # seconds per iteration; NaN: not known yet
+        self.count = np.zeros(ranks)  # iterations counted so far
+        self.at = np.full(ranks, now)  # when ``count`` was last brought up to date
+        self.group_period = float("nan")
+        self.finishes = 0
+        # rank: (steps, t, busy) at the last read of its engine's step counter
+        self.engine: dict[int, tuple[float, float, bool]] = {}
+
+    def counts(self, now: float) -> np.ndarray:
+        """Every rank's iteration count at ``now`` (brought up to date)."""
+        known = ~np.isnan(self.period)
+        dt = np.maximum(now - self.at, 0.0)
+        self.count[known] += dt[known] / self.period[known]
+        self.at[:] = np.maximum(self.at, now)
+        return self.count
+
+    def observe(self, rank: int, count_at_first: float, first_t: float, last_t: float,
+                tokens: int, now: float) -> None:  # fmt: skip
+        """A request finished on ``rank`` with ``tokens`` tokens streamed over
+        ``[first_t, last_t]`` (its count at the first token ``count_at_first``)."""
+        if tokens < 2 or not last_t > first_t:
+            return
+        tpot = (last_t - first_t) / (tokens - 1)
+        self.finishes += 1
+        g = self.group_period
+        self.group_period = tpot if np.isnan(g) else (1 - ALPHA) * g + ALPHA * tpot
+        self.counts(now)
+        unknown = np.isnan(self.period)
+        self.period[unknown] = self.group_period  # a rank's first estimate: the group's
+        self.at[unknown] = now
+        if unknown[rank]:
+            self.period[rank] = tpot
+            return
+        if rank not in self.engine:  # else the engine's own counter sets the period
+            self.period[rank] = (1 - ALPHA) * self.period[rank] + ALPHA * tpot
+        if np.isnan(count_at_first):  # it began before the rank's clock ran
+            return
+        counted = self.count[rank] - count_at_first
+        elapsed_after = max(now - last_t, 0.0) / self.period[rank]
+        self.count[rank] += DRIFT_GAIN * ((tokens - 1) + elapsed_after - counted)
+
+    def engine_count(self, rank: int, steps: float, t: float, busy: bool) -> None:
+        """The rank's own step counter read at ``t`` (vLLM's ``vllm:iteration_tokens_total``
+        count; ``busy``: the rank had requests running): two reads while busy give the rank's
+        period (an idle rank counts no steps), which then replaces the finishes' average."""
+        self.counts(t)
+        last = self.engine.get(rank)
+        self.engine[rank] = (steps, t, busy)
+        if last is not None and busy and last[2] and steps > last[0] and t > last[1]:
+            self.period[rank] = (t - last[1]) / (steps - last[0])
+
+    def count_at(self, rank: int, t: float) -> float:
+        """``rank``'s count at ``t`` (a first token's), NaN while its period is unknown."""
+        if np.isnan(self.period[rank]):
+            return float("nan")
+        return float(self.counts(max(t, float(self.at[rank])))[rank])
+
+    def ages(self, ranks: np.ndarray, count_at_first: np.ndarray, first_t: np.ndarray,
+             now: float) -> np.ndarray:  # fmt: skip
+        """Ages of requests running on ``ranks`` with first tokens at ``first_t`` (NaN: none
+        yet, age 0) and the ranks' counts then (NaN: the clock did not run yet, so the age is
+        the time since over the period)."""
+        counts = self.counts(now)
+        age = np.zeros(ranks.shape[0], dtype=np.int64)
+        started = ~np.isnan(first_t)
+        counted = started & ~np.isnan(count_at_first)
+        if counted.any():
+            grown = counts[ranks[counted]] - count_at_first[counted]
+            age[counted] = 1 + np.floor(np.maximum(grown, 0.0)).astype(np.int64)
+        timed = started & ~counted
+        if timed.any():
+            period = self.period[ranks[timed]]
+            grown = np.where(np.isnan(period), 0.0, (now - first_t[timed]) / period)
+            age[timed] = 1 + np.floor(np.maximum(grown, 0.0)).astype(np.int64)
+        return age
+
+
+class ClockedGroup(LiveGroup):
+    """The live group whose running requests age by their ranks' iteration clocks (first tokens
+    and finishes are all it hears), and whose step counter is the group's clock."""
+
+    clock_fn: Callable[[], float]
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.first_count = np.full(self.capacity, np.nan)
+        self.first_t = np.full(self.capacity, np.nan)
+
+    def attach(self, clock_fn: Callable[[], float]) -> None:
+        """Start the ranks' clocks now (``clock_fn``: the gateway's monotonic clock)."""
+        self.clock_fn = clock_fn
+        self.clock = IterationClock(self.ranks, clock_fn())
+
+    def first_token(self, position: int, t: float) -> None:
+        """``position``'s first token arrived at ``t``: it has age 1 and ages with its rank."""
+        g = int(self.rank[position])
+        if g < 0 or not np.isnan(self.first_t[position]):
+            return
+        self.first_count[position] = self.clock.count_at(g, t)
+        self.first_t[position] = t
+        self.age[position] = max(1, int(self.age[position]))
+
+    def finish_seen(self, position: int, first_t: float, last_t: float, tokens: int) -> None:
+        """``position`` finished with ``tokens`` tokens: its rank's clock learns from it."""
+        g = int(self.rank[position])
+        if g < 0:
+            return
+        if np.isnan(self.first_t[position]):
+            self.first_token(position, first_t)
+        self.clock.observe(g, float(self.first_count[position]), first_t, last_t, tokens,
+                           self.clock_fn())  # fmt: skip
+        self.age[position] = tokens
+
+    def refresh(self, now: float) -> None:
+        """Every running request's age from its rank's clock at ``now``."""
+        pos = np.flatnonzero(self.rank >= 0)
+        if pos.size:
+            self.age[pos] = self.clock.ages(self.rank[pos], self.first_count[pos],
+                                            self.first_t[pos], now)  # fmt: skip
+
+    def start(self, position: int, rank: int) -> None:
+        super().start(position, rank)
+        self.first_count[position] = np.nan
+        self.first_t[position] = np.nan
+
+    def leave(self, position: int, output_tokens: int, *, learn: bool) -> None:
+        self.first_count[position] = np.nan
+        self.first_t[position] = np.nan
+        super().leave(position, output_tokens, learn=learn)
+
+    def loads(self) -> np.ndarray:
+        """KV tokens per rank, the running requests aged by the clock now."""
+        self.refresh(self.clock_fn())
+        return super().loads()
+
+    def snapshot(self, now: float) -> RouterState:
+        counts = self.clock.counts(now)
+        known = ~np.isnan(self.clock.period)
+        if known.any():
+            self.iteration = max(self.iteration, int(counts[known].max()))
+        return super().snapshot(now)
+
+
+class EngineCounters:
+    """Reads each rank's step counter from its ``/metrics`` every ``interval_s`` into the
+    ranks' clocks; a rank whose engine does not publish it is read no more."""
+
+    def __init__(self, group: ClockedGroup, url_of: Callable[[int], str], header_mode: bool,
+                 interval_s: float) -> None:  # fmt: skip
+        self.group = group
+        self.url_of = url_of
+        self.header_mode = header_mode
+        self.interval_s = interval_s
+        self.absent: set[int] = set()
+
+    def read(self, rank: int, text: str, t: float) -> bool:
+        """One ``/metrics`` page of ``rank`` read at ``t``; False when it has no counter."""
+        steps = engine_steps(text, rank if self.header_mode else None)
+        if steps is None:
+            return False
+        self.group.clock.engine_count(rank, steps, t, bool(self.group.inflight[rank] > 0))
+        return True
+
+    async def run(self, session: aiohttp.ClientSession) -> None:
+        """Read every rank's counter each interval until cancelled."""
+        timeout = aiohttp.ClientTimeout(total=2.0)
+        while True:
+            for g in range(self.group.ranks):
+                if g in self.absent:
+                    continue
+                try:
+                    async with session.get(self.url_of(g) + "/metrics", timeout=timeout) as resp:
+                        text = await resp.text() if resp.status == 200 else ""
+                except (aiohttp.ClientError, OSError, TimeoutError):
+                    continue  # health checks deal with a rank that does not answer
+                if not self.read(g, text, self.group.clock_fn()):
+                    log.info("rank %d publishes no step counter: its clock follows the finishes", g)
+                    self.absent.add(g)
+            await asyncio.sleep(self.interval_s)
+
+
+def engine_steps(text: str, engine: int | None) -> float | None:
+    """The step count in a ``/metrics`` page (``vllm:iteration_tokens_total_count``, summed over
+    its series, or the series of ``engine``); None when the page has none."""
+    total, found = 0.0, False
+    want = None if engine is None else f'engine="{engine}"'
+    for line in text.splitlines():
+        if not line.startswith(STEPS):
+            continue
+        name, _, value = line.rpartition(" ")
+        if want is not None and want not in name:
+            continue
+        total += float(value)
+        found = True
+    return total if found else None

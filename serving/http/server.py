@@ -65,7 +65,8 @@ def serve(
     kw = dict(host=settings.host, port=settings.port, log_level=settings.log_level,
               access_log=settings.access_log, log_config=uvicorn_log_config(),
               http=deadline_protocol(settings.header_timeout_s, settings.body_timeout_s),
-              timeout_keep_alive=settings.idle_timeout_s, **options)  # fmt: skip
+              timeout_keep_alive=settings.idle_timeout_s)  # fmt: skip
+    kw.update(options)
     if on_shutdown is None:
         uvicorn.run(app, **kw)
         return

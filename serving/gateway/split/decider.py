@@ -302,7 +302,7 @@ def run_split(settings: GatewaySettings, gateway: Gateway) -> None:
     log.warning("split gateway: %d relay workers on port %d, the decider on %s",
                 settings.relay_workers, port, decider.control)  # fmt: skip
     try:
-        serve(app, settings, collect=True, http="httptools", uds=decider.control,
+        serve(app, settings, collect=True, uds=decider.control,
               on_shutdown=decider.begin_drain,
               timeout_graceful_shutdown=int(settings.drain_timeout_s) + server.GRACE_S)  # fmt: skip
     finally:

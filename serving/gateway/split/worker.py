@@ -137,7 +137,7 @@ def run_worker(spec: dict[str, Any]) -> None:
     channel = DeciderChannel(spec["events"], lambda: os.kill(os.getpid(), signal.SIGTERM))
     ctx = WorkerContext(settings, channel, spec.get("upstream_key"))
     app = create_worker_app(ctx, PromptCounter(settings.tokenizer), spec["control"])
-    serve(app, settings, collect=True, http="httptools", fd=int(spec["fd"]),
+    serve(app, settings, collect=True, fd=int(spec["fd"]),
           on_shutdown=ctx.drain.begin, backlog=4096,
           timeout_graceful_shutdown=int(settings.drain_timeout_s) + GRACE_S)  # fmt: skip
 

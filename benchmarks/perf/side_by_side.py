@@ -63,7 +63,9 @@ def arms(args: argparse.Namespace) -> list[tuple[str, str, str | None]]:
     return out
 
 
-def start_emulator(ts: float, log_dir: Path, out: Path, get_load: str) -> tuple[ServerProcess, list[str]]:
+def start_emulator(
+    ts: float, log_dir: Path, out: Path, get_load: str
+) -> tuple[ServerProcess, list[str]]:
     base = free_ports(G)
     cfg = {"ranks": G, "slots": B, "time_scale": ts, "port_base": base, "log_dir": str(log_dir),
            "get_load": get_load}  # fmt: skip
@@ -74,7 +76,9 @@ def start_emulator(ts: float, log_dir: Path, out: Path, get_load: str) -> tuple[
     return proc, urls
 
 
-def start_router(kind: str, policy: str, urls: list[str], out: Path, peers: Path) -> tuple[ServerProcess, str]:
+def start_router(
+    kind: str, policy: str, urls: list[str], out: Path, peers: Path
+) -> tuple[ServerProcess, str]:
     """The gateway or a peer router in front of ``urls``; its URL once it answers."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -88,14 +92,15 @@ def start_router(kind: str, policy: str, urls: list[str], out: Path, peers: Path
     elif kind == "sglang":
         args = [str(peers / "sglang-router"), "launch", "--host", "127.0.0.1", "--port", str(port),
                 "--policy", policy, "--worker-startup-check-interval", "1", "--log-level", "warn",
-                "--worker-urls", *urls]  # fmt: skip
+                "--prometheus-port", str(free_port()), "--worker-urls", *urls]  # fmt: skip
         env, ready = clean_env(), url + "/health"
     else:
         args = [str(peers / "vllm-router"), "--host", "127.0.0.1", "--port", str(port),
                 "--policy", policy, "--worker-startup-check-interval", "1", "--log-level", "warning",
-                "--worker-urls", *urls]  # fmt: skip
+                "--prometheus-port", str(free_port()), "--worker-urls", *urls]  # fmt: skip
         env, ready = clean_env(), url + "/health"
-    proc = ServerProcess(args, log=out / "router.out", env=env)
+    # its own session: sglang-router forks the router process, which a stop must reach too
+    proc = ServerProcess(args, log=out / "router.out", env=env, group=True)
     proc.wait_ready([ready], timeout_s=180, poll_s=0.2)
     if kind != "gateway":  # the peers answer /health before they have registered every worker
         wait_workers(proc, url)

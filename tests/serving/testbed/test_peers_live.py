@@ -131,8 +131,10 @@ def test_vllm_router_reads_its_load_shape_and_renders(tmp_path: Path):
         text = httpx.get(f"http://127.0.0.1:{prom}/metrics", timeout=5.0).text
         samples = parse_metrics(text)
         assert metric_total(samples, "vllm_router_kv_routing_inputs_total", result="render") >= 3
-        assert metric_total(samples, "vllm_router_kv_routing_inputs_total",
-                            result="render_unavailable") == 0  # fmt: skip
+        for failed in ("invalid_preparation_response", "render_unavailable"):  # a 404 is the first
+            assert metric_total(samples, "vllm_router_kv_routing_inputs_total", result=failed) == 0
+        assert metric_total(samples, "vllm_router_prefix_routing_decisions_total",
+                            outcome="missing_tokens") == 0  # fmt: skip
     finally:
         for p in peers:
             p.stop()

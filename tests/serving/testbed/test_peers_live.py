@@ -142,6 +142,7 @@ def test_vllm_router_reads_its_load_shape_and_renders(tmp_path: Path):
 
 
 @needs_peers
+@pytest.mark.slow  # two groups and their gateways: test_horizontal.py checks the topology anyway
 def test_a_peer_router_in_front_of_two_groups_gateways(tmp_path: Path):
     emus = [Emulator(tmp_path / f"emu{g}.out", ranks=2, slots=2, time_scale=20.0) for g in (0, 1)]
     gateways, peer = [], None

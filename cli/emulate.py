@@ -8,6 +8,7 @@ from balanceroute.cli.options import positive_float, positive_int
 from balanceroute.router.lab.cost import COST_PRESETS, cost_preset
 from balanceroute.serving.testbed.emulator.config import (
     DEFAULT_MODEL,
+    GET_LOAD_SHAPES,
     OUTPUT_KINDS,
     EmulatorConfig,
     OutputLengths,
@@ -23,7 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="emulate a decode group behind one OpenAI-compatible port per rank",
         description="Serve G ranks of B slots that decode in lockstep, each on its own port "
         "(port-base + rank): POST /v1/completions and /v1/chat/completions (streaming or "
-        "not), GET /v1/models, /health and /metrics (vLLM metric names). Iteration k lasts "
+        "not), GET /v1/models, /health and /metrics (vLLM metric names), and what the peer "
+        "routers ask an engine for (SGLang's /get_load, /get_server_info, /get_model_info; "
+        "vLLM's POST /v1/completions/render). Iteration k lasts "
         "t_fixed + t_token * max_g L_g(k) (the cost preset) divided by the time scale. Stop "
         "with Ctrl-C or SIGTERM; --log DIR then holds the iteration and request logs.",
     )
@@ -76,6 +79,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--output-sigma", type=positive_float, default=1.0, help="lognormal log-spread (1.0)"
     )
+    p.add_argument(
+        "--get-load",
+        default="sglang",
+        choices=GET_LOAD_SHAPES,
+        help="shape of GET /get_load: SGLang's list, read by sglang-router's power_of_two "
+        "(default), or {\"load\": requests}, read by vllm-router's",
+    )
     p.set_defaults(func=cmd_emulate)
 
 
@@ -96,6 +106,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         output=OutputLengths(args.output_dist, args.output_mean, args.output_sigma),
         log_dir=args.log_dir,
         rank_header=args.rank_header,
+        get_load=args.get_load,
     )
 
 

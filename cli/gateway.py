@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Serve POST /v1/completions and /v1/chat/completions (streaming or not) and "
         "GET /v1/models in front of the data-parallel ranks of one decode group: requests wait "
         "in the gateway's pool and the router admits them, at most --slots in flight per rank. "
-        "Also /healthz, /readyz, /metrics, POST /admin/reload, GET /v1/ab. Every flag can be "
+        "Also /healthz, /readyz, /health (vLLM's probe, for a front router), /metrics, POST /admin/reload, GET /v1/ab. Every flag can be "
         "set as BALANCEROUTE_<FLAG>; BALANCEROUTE_API_TOKEN requires a bearer token on every "
         "endpoint but the probes, BALANCEROUTE_UPSTREAM_API_KEY is sent to the ranks.",
     )

@@ -1,5 +1,7 @@
 """Probes, open to all: ``/healthz`` (the process is up), ``/readyz`` (a rank is in rotation; why
-each rank is out only to a caller with the bearer token, when one is configured)."""
+each rank is out only to a caller with the bearer token, when one is configured) and ``/health``
+(vLLM's probe, the one a front router such as ``sglang-router`` or ``vllm-router`` polls before
+it sends a group any request: ``/readyz``'s status)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,13 @@ router = APIRouter(tags=["probes"])
 async def healthz() -> dict[str, str]:
     """The process answers."""
     return {"status": "ok"}
+
+
+@router.get("/health")
+async def health(request: Request) -> JSONResponse:
+    """200 while at least one rank is in rotation, else 503: a front router takes the group out."""
+    ok = bool(request.app.state.gateway.group.healthy.any())
+    return JSONResponse({"status": "ready" if ok else "unavailable"}, 200 if ok else 503)
 
 
 @router.get("/readyz")

@@ -5,7 +5,9 @@
 chunk with empty ``choices`` when ``stream_options.include_usage`` is set (and the usage so far in
 every chunk with ``continuous_usage_stats``, as vLLM), then
 ``data: [DONE]``; or one JSON body), ``GET /v1/models``, ``GET /health``, ``GET /metrics``
-(vLLM's metric names) and ``GET /v1/emulator/state`` (the group's counters, for tools).
+(vLLM's metric names), ``GET /v1/emulator/state`` (the group's counters, for tools) and what the
+peer routers ask an engine for (``peer_api.py``: SGLang's ``/get_load``, ``/get_server_info``,
+``/get_model_info``, vLLM's ``/v1/completions/render``).
 Errors use vLLM's body ``{"error": {"message", "type", "param", "code"}}``; request
 validation errors (wrong types, invalid JSON, out-of-range values) are 400s as in vLLM, and
 unknown fields are logged and ignored as vLLM does. A handler never raises into the server: whatever the client does, the group keeps
@@ -35,6 +37,7 @@ from balanceroute.serving.openai.requests import (
 from balanceroute.serving.openai.responses import error_body, usage, whole_answer, whole_choice
 from balanceroute.serving.openai.sse import DONE, SSE_HEADERS
 from balanceroute.serving.testbed.emulator.group import FINISHED, DecodeGroup, EmuRequest
+from balanceroute.serving.testbed.emulator.peer_api import add_peer_routes
 
 TOKEN_TEXT = " the"
 JSON_TYPE = "application/json"
@@ -404,6 +407,7 @@ def create_rank_app(group: DecodeGroup, rank: int) -> FastAPI:
         return front.start(request, body, count_tokens(prompt), max_tokens, "chat")
 
     _add_info_routes(app, group, rank)
+    add_peer_routes(app, group, rank, front.check_common)
     return app
 
 

@@ -11,6 +11,8 @@ from balanceroute.features.errors import UserError
 from balanceroute.router.lab.cost import CostModel, cost_preset
 
 OUTPUT_KINDS = ("geometric", "lognormal", "max")
+# ``GET /get_load``: SGLang's list (what sglang-router reads) or ``{"load": n}`` (vllm-router).
+GET_LOAD_SHAPES = ("sglang", "load")
 DEFAULT_MODEL = "balanceroute-emulator"
 # --time-scale bounds: slower than 1,000x real time is no emulation of a serving engine, and
 # faster than 10,000x steps shorter than the event loop can keep (1e-300 was accepted).
@@ -67,6 +69,7 @@ class EmulatorConfig:
     log_dir: str | None = None
     rank_header: str | None = None  # a request carrying it runs on the rank it names
     resync_s: float = 1.0  # a group this late against its deadlines re-anchors its clock
+    get_load: str = "sglang"  # the shape of GET /get_load, one of GET_LOAD_SHAPES
 
     def __post_init__(self) -> None:
         checks = [
@@ -80,6 +83,8 @@ class EmulatorConfig:
             (self.max_model_len >= 2, f"--max-model-len must be >= 2, got {self.max_model_len}"),
             (self.kv_capacity_tokens >= 0, "--kv-capacity must be >= 0"),
             (self.resync_s > 0, "resync_s must be > 0"),
+            (self.get_load in GET_LOAD_SHAPES,
+             f"--get-load must be one of {', '.join(GET_LOAD_SHAPES)}, got {self.get_load!r}"),
         ]  # fmt: skip
         for ok, message in checks:
             if not ok:

@@ -5,11 +5,19 @@ from __future__ import annotations
 import argparse
 import json
 
-from balanceroute.cli.options import add_workload_args, horizon_count, workload_from_args
-from balanceroute.features.constants import DEFAULT_HORIZON
+from balanceroute.cli.options import (
+    add_workload_args,
+    bounded_int,
+    fraction,
+    horizon_count,
+    positive_float,
+    workload_from_args,
+)
+from balanceroute.features.constants import DEFAULT_HORIZON, MAX_SLOTS, MAX_WORKERS
 from balanceroute.features.keys import AUTO_KEY, KEY_SOURCES
 from balanceroute.predict.learned import WEIGHTINGS
 from balanceroute.predict.model_store import DEFAULT_MODEL_NAME
+from balanceroute.router.lab.twin_prior import DEFAULT_PRIOR_WINDOWS, PriorConfig
 from balanceroute.training.tracking import DEFAULT_ESTIMATORS, DEFAULT_EXPERIMENT
 from balanceroute.training.train import TrainConfig, run_train
 
@@ -17,6 +25,22 @@ from balanceroute.training.train import TrainConfig, run_train
 def kinds(text: str) -> tuple[str, ...]:
     """argparse type: comma-separated estimator kinds."""
     return tuple(k.strip() for k in text.split(",") if k.strip())
+
+
+def groups(text: str) -> tuple[tuple[int, int], ...]:
+    """argparse type: comma-separated group shapes ``GxB`` (``8x32,8x64``)."""
+    out = []
+    for part in (p.strip() for p in text.split(",")):
+        g, sep, b = part.lower().partition("x")
+        if not sep or not g.isdigit() or not b.isdigit():
+            raise argparse.ArgumentTypeError(f"expected shapes like 8x32,8x64, got {part!r}")
+        shape = (int(g), int(b))
+        if not (1 <= shape[0] <= MAX_WORKERS and 1 <= shape[1] <= MAX_SLOTS):
+            raise argparse.ArgumentTypeError(
+                f"{part}: G must be in 1..{MAX_WORKERS} and B in 1..{MAX_SLOTS}"
+            )
+        out.append(shape)
+    return tuple(out)
 
 
 def add_key_arg(parser: argparse.ArgumentParser) -> None:
@@ -53,6 +77,32 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--register-as", default=DEFAULT_MODEL_NAME, help="registered model receiving the versions"
     )
+    p.add_argument(
+        "--train-fraction",
+        type=fraction,
+        default=0.7,
+        help="earlier share of the trace that fits the estimators; the rest is the holdout "
+        "they are scored on and the twin's prior is measured on (default 0.7)",
+    )
+    p.add_argument(
+        "--twin-group",
+        type=groups,
+        default=((8, 32),),
+        help="group shapes GxB the twin's prior is measured on (default 8x32; a consumer's "
+        "twin uses the prior of its own shape only)",
+    )
+    p.add_argument(
+        "--twin-load",
+        type=positive_float,
+        help="offered load (x capacity) of the prior's replays (default: saturated)",
+    )
+    p.add_argument(
+        "--twin-windows",
+        type=bounded_int(2, 1000),
+        default=DEFAULT_PRIOR_WINDOWS,
+        help=f"windows of the holdout the prior replays (default {DEFAULT_PRIOR_WINDOWS})",
+    )
+    p.add_argument("--no-twin-prior", action="store_true", help="measure and keep no twin prior")
     p.add_argument("--out", help="local artifact folder (default ./artifacts/models/<run>)")
     p.add_argument(
         "--promote",
@@ -75,8 +125,15 @@ def cmd_train(args: argparse.Namespace) -> int:
         out=args.out,
         promote=args.promote,
         weighting=args.weighting,
+        train_fraction=args.train_fraction,
+        twin_priors=()
+        if args.no_twin_prior
+        else tuple(
+            PriorConfig(workers=g, slots=b, load=args.twin_load, windows=args.twin_windows)
+            for g, b in args.twin_group
+        ),
     )
     summary = run_train(cfg)
-    brief = {k: summary[k] for k in ("run_name", "local_dir", "registry", "metrics")}
+    brief = {k: summary[k] for k in ("run_name", "local_dir", "registry", "metrics", "twin_priors")}
     print(json.dumps(brief, indent=2, default=str))
     return 0

@@ -5,11 +5,11 @@
 #
 #   scripts/demo.sh                      # synthetic paper-prod workload
 #   scripts/demo.sh --trace FILE         # your own trace (Azure, Mooncake, BurstGPT, canonical)
-#   scripts/demo.sh --requests 20000     # a bigger synthetic workload
+#   scripts/demo.sh --requests 30000     # a bigger synthetic workload
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 TRACE=""
-REQUESTS=8000
+REQUESTS=16000
 PRESET="paper-prod"
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -37,8 +37,11 @@ fi
 balanceroute trace split "$TRACE" --at 0.5 --head "$WORK/history.parquet" --tail "$WORK/replay.parquet"
 
 step "2/5 train survival, exactmatch and gbdt into $MLFLOW_TRACKING_URI"
+# Each estimator fits on the earlier half of the history; the later half is its holdout, where
+# the twin's paired test (8 windows of 2,048 requests at G=8, B=32) measures the prior that is
+# registered with the model: the A/B's default brh starts from it.
 balanceroute train --trace "$WORK/history.parquet" --experiment balanceroute-demo \
-    --out "$WORK/models"
+    --train-fraction 0.5 --twin-group 8x32 --twin-windows 8 --out "$WORK/models"
 
 step "3/5 evaluate them on the later requests"
 balanceroute evaluate --trace "$WORK/replay.parquet" --estimator survival,exactmatch,gbdt \
@@ -46,8 +49,9 @@ balanceroute evaluate --trace "$WORK/replay.parquet" --estimator survival,exactm
 
 step "4/5 A/B replay of every router and estimator (saturated decode tier, G=8, B=32)"
 M="models:/completion-predictor"
-# The default brh lets its twin decide how much to trust each estimator; the last learned arm is
-# gbdt used as it is (no twin, no guard), so the table shows what the prediction is worth.
+# The default brh lets its twin decide how much to trust each estimator, starting from the
+# model's prior; the last learned arm is gbdt used as it is (no twin, no guard), so the table
+# shows what the prediction is worth.
 balanceroute ab --trace "$WORK/replay.parquet" \
     --arms "count-jsq,token-jsq,br0,brh:none,brh:survival@$M@survival,brh:exactmatch@$M@exactmatch,brh:gbdt@$M@gbdt,brh:gbdt@$M@gbdt{twin=false;guard=false},brh:oracle" \
     --workers 8 --slots 32 --repeats 3 --saturate --jobs 2 --out "$WORK/ab"

@@ -30,7 +30,10 @@ blend weights, its sequential test and hysteresis. The score is the geometric me
 blocks, of the ratio of the steady imbalance at the weight the twin settles on to that without
 prediction (1 where the twin keeps ``w = 0``): what the default BR-H makes of the estimator.
 ``twin_weight`` is that weight, ``twin_upper`` the upper end of the twin's one-sided bound
-for it (below 1 when the twin found it significantly better).
+for it (below 1 when the twin found it significantly better). A model carrying the twin's
+prior for this group shape (``router/lab/twin_prior.py``) starts the twin there; where the
+holdout then gives the twin fewer than two blocks of its own, the ratio and bound are the
+prior's (``twin_from_prior`` 1, else 0).
 
 Like the A/B harness, the requests are replayed in ``repeats`` evenly spaced windows of half of
 them each (one replay varies a lot from window to window): the states are sampled in every
@@ -52,6 +55,7 @@ from balanceroute.router.lab.ab import replay_windows
 from balanceroute.router.lab.prefill import PrefillConfig
 from balanceroute.router.lab.runner import ReplaySpec, released_requests, replay
 from balanceroute.router.lab.twin import DecodeTwin, TwinGroup
+from balanceroute.router.lab.twin_prior import prior_start
 from balanceroute.router.lab.twin_schedule import finished_all
 from balanceroute.router.policies.policy import Policy, RunContext
 from balanceroute.router.policies.specs import RouterSpec
@@ -290,9 +294,17 @@ def twin_scores(
     out = {}
     for kind, est in estimators.items():
         if est.fitting is Fitting.NONE or not est.deployable:
-            out[kind] = {"twin_ratio": 1.0, "twin_weight": 0.0, "twin_upper": 1.0}
+            out[kind] = {
+                "twin_ratio": 1.0,
+                "twin_weight": 0.0,
+                "twin_upper": 1.0,
+                "twin_from_prior": 0.0,
+            }
             continue
-        twin = DecodeTwin(group, copy.deepcopy(est), baseline=baseline)
+        # a model carrying the twin's prior for this shape starts there, as in the A/B
+        start = prior_start(est, spec.workers, spec.slots, spec.load)
+        warm = None if start is None else start.test
+        twin = DecodeTwin(group, copy.deepcopy(est), baseline=baseline, warm=warm)
         twin.observe(finished_all(released, twin.size))
         while twin.ready():
             twin.step()
@@ -300,10 +312,17 @@ def twin_scores(
         j = twin.test.candidates.index(w)
         versus = twin.test.versus_zero()
         mean, upper = (0.0, 0.0) if versus is None or j == 0 else (versus[0][j], versus[1][j])
+        from_prior = 0.0
+        if versus is None and j != 0 and start is not None:  # too few blocks of its own
+            prior = start.stats
+            mean = prior["twin_prior_mean_log_ratios"][j]
+            upper = float(np.log(prior["twin_prior_upper"][j]))
+            from_prior = 1.0
         out[kind] = {
             "twin_ratio": float(np.exp(mean)),
             "twin_weight": float(w),
             "twin_upper": float(np.exp(upper)),
+            "twin_from_prior": from_prior,
         }
     return out
 

@@ -41,11 +41,13 @@ from balanceroute.predict.model_store import (
     DEFAULT_MODEL_NAME,
     error_line,
     load_estimator,
+    load_file,
     save_estimator,
     setup_mlflow,
     tracking_uri,
 )
 from balanceroute.predict.registry import estimator_class, estimator_names
+from balanceroute.router.lab.twin_prior import PriorConfig, TwinPrior, attach_priors, priors_for
 from balanceroute.training.evaluate import (
     evaluate_estimator,
     flat_metrics,
@@ -76,6 +78,9 @@ class TrainConfig:
     weighting: str | None = None  # the learned estimators' row weighting (None: their default)
     train_fraction: float = 0.7
     estimator_params: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # the twin's paired test on the holdout, one prior per group (router/lab/twin_prior.py);
+    # empty: none
+    twin_priors: tuple[PriorConfig, ...] = (PriorConfig(),)
 
 
 def trainable_estimators() -> list[str]:
@@ -146,6 +151,7 @@ def run_train(cfg: TrainConfig) -> dict[str, Any]:
             f"{kind}: brier {metrics[kind]['brier']:.4f} auc {metrics[kind]['auc']:.4f} "
             f"ece {metrics[kind]['ece']:.4f} ({fit_s:.1f}s fit)"
         )
+    priors = twin_priors(cfg, files, holdout)
     report = write_report(out_dir, metrics, curves)
     summary: dict[str, Any] = {
         "run_name": name,
@@ -157,12 +163,13 @@ def run_train(cfg: TrainConfig) -> dict[str, Any]:
         "config": asdict(cfg),
         "estimator_params": params,
         "metrics": {k: {m: v for m, v in d.items() if m != "by_age"} for k, d in metrics.items()},
+        "twin_priors": {k: [p.as_dict() for p in ps] for k, ps in priors.items()},
     }
     write_text(out_dir / "config.json", json.dumps(summary, indent=2, default=str) + "\n")
     progress(f"artifacts saved locally in {out_dir.resolve()}")
     try:
         champion = score_champion(cfg, holdout)
-        summary["registry"] = log_to_mlflow(cfg, summary, files, report, metrics, out_dir)
+        summary["registry"] = log_to_mlflow(cfg, summary, files, report, metrics, out_dir, priors)
         summary["registry"].update(
             move_aliases(cfg, summary["registry"]["versions"], metrics, champion)
         )
@@ -175,6 +182,38 @@ def run_train(cfg: TrainConfig) -> dict[str, Any]:
             f"locally in {out_dir.resolve()}"
         ) from None
     return summary
+
+
+def twin_priors(
+    cfg: TrainConfig, files: dict[str, Path], holdout: Holdout
+) -> dict[str, list[TwinPrior]]:
+    """The twin's prior of every saved model on the holdout, kept in its file (re-saved).
+
+    The models are read back from their files: the ones evaluated above have observed the
+    holdout (the prequential evaluation teaches them), the saved ones have not."""
+    if not cfg.twin_priors or holdout.test is None:
+        return {}
+    models = {kind: load_file(path) for kind, path in files.items()}
+    priors = priors_for(models, holdout.test, list(cfg.twin_priors), progress=progress)
+    for kind, est in models.items():
+        attach_priors(est, priors[kind])
+        save_estimator(est, files[kind])
+    return priors
+
+
+def prior_metrics(priors: dict[str, list[TwinPrior]]) -> dict[str, float]:
+    """``kind.twin_prior.<G>x<B>.weight`` and the mean log ratio of every candidate, for MLflow."""
+    flat: dict[str, float] = {}
+    for kind, ps in priors.items():
+        for p in ps:
+            base = f"{kind}.twin_prior.{p.workers}x{p.slots}"
+            flat[f"{base}.weight"] = p.start_weight
+            flat[f"{base}.windows"] = float(p.windows)
+            for c, m, u in zip(p.candidates, p.mean_log_ratio, p.upper, strict=True):
+                if c != 0.0 and np.isfinite(u):
+                    flat[f"{base}.w{c:g}.mean_log_ratio"] = m
+                    flat[f"{base}.w{c:g}.upper"] = u
+    return flat
 
 
 def _params(cfg: TrainConfig, summary: dict[str, Any]) -> dict[str, Any]:
@@ -235,8 +274,11 @@ def log_to_mlflow(
     report: dict[str, Path],
     metrics: dict[str, dict[str, Any]],
     out_dir: Path,
+    priors: dict[str, list[TwinPrior]] | None = None,
 ) -> dict[str, Any]:
-    """Log the run and register one model version per estimator; returns versions and aliases."""
+    """Log the run and register one model version per estimator (with its twin priors as an
+    artifact, metrics and version tags); returns versions and aliases."""
+    priors = priors or {}
     uri = setup_mlflow(cfg.experiment)
     import mlflow
     from mlflow import MlflowClient
@@ -255,7 +297,9 @@ def log_to_mlflow(
                 HOST_TAG: socket.gethostname(),
             }
         )
-        mlflow.log_metrics(flat_metrics(metrics))
+        mlflow.log_metrics({**flat_metrics(metrics), **prior_metrics(priors)})
+        for kind, ps in priors.items():
+            mlflow.log_dict([p.as_dict() for p in ps], f"twin_prior/{kind}.json")
         mlflow.log_dict(summary["source"], "trace.json")
         for path in report.values():
             mlflow.log_artifact(str(path), artifact_path="evaluation")
@@ -274,6 +318,9 @@ def log_to_mlflow(
             client.set_model_version_tag(
                 cfg.register_as, version, "val_brier", f"{metrics[kind]['brier']:.5f}"
             )
+            for prior in priors.get(kind, []):
+                for tag, value in prior.tags().items():
+                    client.set_model_version_tag(cfg.register_as, version, tag, value)
             versions[kind] = version
             progress(f"registered {cfg.register_as} version {version} ({kind})")
     return {

@@ -32,6 +32,7 @@ from balanceroute.router.lab.paired import HIGHER_IS_BETTER, paired_ratio
 from balanceroute.router.lab.prefill import PrefillConfig
 from balanceroute.router.lab.runner import ReplaySpec, released_requests, replay
 from balanceroute.router.lab.twin import TwinConfig, TwinGroup, twin_managed
+from balanceroute.router.lab.twin_prior import prior_start
 from balanceroute.router.lab.twin_schedule import scheduled_weight, twin_schedule
 from balanceroute.router.lab.twin_warmup import warm_start
 from balanceroute.router.policies.specs import RouterSpec
@@ -258,14 +259,20 @@ def twin_schedules(
         released, _ = released_requests(replay_frame, spec)
         group = TwinGroup(arm, g, cfg.slots, cfg.cost, cfg.seed)
         warm = warm_start(history, spec, cfg.twin, _horizon(arm, cfg))
+        # a model carrying the twin's prior (measured on its holdout at train time) starts
+        # the test there when it was measured on this group's shape
+        prior = None
+        if warm is None:
+            load = None if cfg.saturate else cfg.load
+            prior = prior_start(fitted.get(arm.label), g, cfg.slots, load, cfg.twin)
+        test = warm.test if warm is not None else None if prior is None else prior.test
         entries, stats = twin_schedule(
-            group,
-            copy.deepcopy(fitted.get(arm.label)),
-            released,
-            cfg.twin,
-            warm=None if warm is None else warm.test,
+            group, copy.deepcopy(fitted.get(arm.label)), released, cfg.twin, warm=test
         )
-        return entries, {**stats, **({} if warm is None else warm.stats())}
+        extra = warm.stats() if warm is not None else {}
+        if prior is not None:
+            extra = {**prior.stats, "twin_prior_note": prior.note}
+        return entries, {**stats, **extra}
 
     done = Parallel(n_jobs=jobs, verbose=0)(delayed(one)(a, g) for a, g in todo)
     return {(a.label, g): r for (a, g), r in zip(todo, done, strict=True)}
@@ -310,6 +317,9 @@ def run_ab(
                 schedules[(t.arm.label, t.workers)][0], t.start, cfg.twin.start_weight
             )
     info["twin"] = {f"{a} G={g}": st for (a, g), (_, st) in schedules.items()}
+    for key, st in info["twin"].items():
+        if progress and "twin_prior_note" in st:
+            progress(f"{key}: {st['twin_prior_note']}")
     if progress:
         progress(
             f"replaying {len(tasks)} tasks ({len(cfg.arms)} arms x {len(cfg.workers)} G x "

@@ -41,6 +41,7 @@ from balanceroute.router.lab.twin import (
     attach_twin,
     twin_managed,
 )
+from balanceroute.router.lab.twin_prior import prior_start
 from balanceroute.router.lab.twin_schedule import ScheduledBlend
 from balanceroute.router.lab.twin_warmup import warm_start
 from balanceroute.router.policies.policy import Policy
@@ -202,11 +203,19 @@ def simulate_workload(
                 f"twin: warm-up on {warm.warm_requests} training requests "
                 f"({warm.test.decisions} blocks), starting at w = {warm.test.weight:g}"
             )
-    result, summary = replay(
-        frame, spec, estimator=estimator, progress=progress, warm=None if warm is None else warm.test
-    )
+    # a model that carries the twin's prior from its holdout (a registered one) starts there
+    prior = None
+    if warm is None and remote is None and twin_managed(spec.router.build_policy(estimator)):
+        load = None if spec.prefill.saturate else spec.load
+        prior = prior_start(estimator, spec.workers, spec.slots, load)
+        if prior is not None:
+            log(prior.note)
+    test = warm.test if warm is not None else None if prior is None else prior.test
+    result, summary = replay(frame, spec, estimator=estimator, progress=progress, warm=test)
     if warm is not None:
         summary.update(warm.stats())
+    if prior is not None:
+        summary.update(prior.stats)
     warning = load_warning(summary["load"]) if "load" in summary else None
     if warning is not None:
         log(f"warning: {warning}")

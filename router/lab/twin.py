@@ -243,6 +243,30 @@ def block_imbalance(result) -> tuple[float, float, int]:
     return s, float(imb.mean()) if imb.size else float("nan"), n
 
 
+def replay_candidate(
+    group: TwinGroup,
+    released: ReleasedRequests,
+    w: float,
+    estimator: CompletionEstimator | None,
+) -> tuple[float, float, int, int]:
+    """One candidate's replay of a block from an empty group: steady and whole-run mean
+    imbalance, steady iterations and iterations (``estimator`` unused at ``w = 0``)."""
+    options = {**group.router.options, "twin": False, "guard": False, "blend": w}
+    spec = RouterSpec(group.router.router, group.router.estimator, options, label="twin")
+    policy = spec.build_policy(None if w == 0.0 else estimator)
+    cfg = SimConfig(
+        workers=group.workers,
+        slots=group.slots,
+        cost=group.cost,
+        seed=group.seed,
+        validate=False,
+        record_loads=False,
+    )
+    result = simulate(released, policy, cfg)
+    s, a, n = block_imbalance(result)
+    return s, a, n, result.iterations
+
+
 class DecodeTwin:
     """The library API: feed completions, run decision steps, read the weight.
 
@@ -364,23 +388,10 @@ class DecodeTwin:
         return max(used, 1)
 
     def _replay(self, released: ReleasedRequests, w: float) -> tuple[float, float, int, int]:
-        """One candidate's replay of a block: steady and whole imbalance, steady iterations,
-        iterations."""
-        g = self.group
-        options = {**g.router.options, "twin": False, "guard": False, "blend": w}
-        spec = RouterSpec(g.router.router, g.router.estimator, options, label="twin")
-        policy = spec.build_policy(None if w == 0.0 else self.shadow.snapshot())
-        cfg = SimConfig(
-            workers=g.workers,
-            slots=g.slots,
-            cost=g.cost,
-            seed=g.seed,
-            validate=False,
-            record_loads=False,
+        """One candidate's replay of a block (:func:`replay_candidate`)."""
+        return replay_candidate(
+            self.group, released, w, None if w == 0.0 else self.shadow.snapshot()
         )
-        result = simulate(released, policy, cfg)
-        s, a, n = block_imbalance(result)
-        return s, a, n, result.iterations
 
     def stats(self) -> dict[str, Any]:
         """The twin's state for a run summary or a service's metrics."""

@@ -12,10 +12,12 @@ from hypothesis import strategies as st
 from balanceroute.features.synthetic import generate
 from balanceroute.predict.base import survival_from_remaining
 from balanceroute.predict.registry import make_estimator
+from balanceroute.router.lab.twin_prior import TwinPrior, attach_priors
 from balanceroute.router.policies.balance_config import BRH_DEFAULTS, GAMMA_MAX, GAMMA_MIN
 from balanceroute.router.policies.balance_route import BRHPolicy
 from balanceroute.router.policies.policy import RunContext
 from balanceroute.router.policies.state import RequestTable
+from balanceroute.training import replay_scores as replay_scores_module
 from balanceroute.training.decision import curve_scores, discount_weights, router_gamma
 from balanceroute.training.holdout import make_holdout
 from balanceroute.training.recommend import RANKING_SCORES, REFERENCE, recommend
@@ -177,12 +179,44 @@ def test_twin_scores_are_the_twins_verdict_on_the_holdout(monkeypatch):
     assert (
         out[REFERENCE]
         == out["oracle"]
-        == {"twin_ratio": 1.0, "twin_weight": 0.0, "twin_upper": 1.0}
+        == {"twin_ratio": 1.0, "twin_weight": 0.0, "twin_upper": 1.0, "twin_from_prior": 0.0}
     )
     s = out["survival"]
-    assert set(s) == {"twin_ratio", "twin_weight", "twin_upper"}
+    assert set(s) == {"twin_ratio", "twin_weight", "twin_upper", "twin_from_prior"}
+    assert s["twin_from_prior"] == 0.0  # a model without a prior
     assert s["twin_weight"] in (0.0, 0.5, 1.0)
     if s["twin_weight"] > 0:
         assert s["twin_ratio"] < 1.0 and s["twin_upper"] < 1.0
     else:
         assert s["twin_ratio"] == 1.0
+
+
+def test_twin_scores_start_a_model_at_its_prior_and_quote_it_without_blocks_of_their_own():
+    """A model carrying a prior for the group starts the twin there; a holdout too short for
+    two blocks of its own leaves the twin at the prior's weight, with the prior's evidence."""
+    trace = generate("mooncake-conv", 900, seed=2)
+    holdout = make_holdout(trace)
+    est = make_estimator("survival", horizon=H).fit(holdout.train)
+    prior = TwinPrior(
+        start_weight=1.0,
+        candidates=(0.0, 0.5, 1.0),
+        mean_log_ratio=(0.0, -0.05, -0.2),
+        se=(0.0, 0.03, 0.05),
+        upper=(1.0, 1.05, 0.9),
+        windows=12,
+        overlap=4.0,
+        block_requests=128,
+        workers=2,
+        slots=8,
+        load=None,
+        holdout_requests=500,
+        holdout_first_arrival_s=0.0,
+        holdout_last_arrival_s=1.0,
+    )
+    attach_priors(est, [prior])
+    out = replay_scores_module.twin_scores(
+        {"survival": est}, holdout.test.iloc[:150], H, ReplayScoreConfig(2, 8)
+    )
+    s = out["survival"]
+    assert s["twin_weight"] == 1.0 and s["twin_from_prior"] == 1.0
+    assert s["twin_ratio"] == pytest.approx(np.exp(-0.2)) and s["twin_upper"] == pytest.approx(0.9)

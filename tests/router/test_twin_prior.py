@@ -1,0 +1,234 @@
+"""The twin's prior: measured on a holdout only, judged like the twin's test, carried by the model,
+and where a consumer's twin starts (at its weight, still able to switch back); bad metadata
+gives a clear error or a logged start at w = 0."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from balanceroute.features.errors import UserError
+from balanceroute.predict.exactmatch import ExactMatchEstimator
+from balanceroute.predict.model_store import save_estimator
+from balanceroute.predict.survival import SurvivalEstimator
+from balanceroute.router.lab.ab import ABConfig, run_ab
+from balanceroute.router.lab.prefill import PrefillConfig
+from balanceroute.router.lab.runner import ReplaySpec, simulate_workload
+from balanceroute.router.lab.twin import DecodeTwin, TwinConfig, TwinGroup
+from balanceroute.router.lab.twin_prior import (
+    PRIOR_ATTRIBUTE,
+    PriorConfig,
+    TwinPrior,
+    attach_priors,
+    judged,
+    measure_prior,
+    model_priors,
+    prior_start,
+    prior_test,
+    twin_prior,
+)
+from balanceroute.router.policies.specs import RouterSpec
+from tests.router.helpers import frame
+
+CANDIDATES = (0.0, 0.5, 1.0)
+CFG = TwinConfig(candidates=CANDIDATES, block_requests=36, overlap=2, min_windows=2, cooldown=1)
+SHAPE = PriorConfig(workers=3, slots=6, windows=6)
+
+
+def _trace(n: int = 240, seed: int = 5, keys: bool = False) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    arrivals = np.sort(rng.uniform(0, 100, n))
+    prompts = rng.integers(100, 3000, n)
+    outputs = rng.integers(1, 120, n)
+    key = [f"k{p}" for p in prompts] if keys else None
+    return frame(prompts, outputs, arrivals, keys=key)
+
+
+def _prior(weight: float = 1.0, workers: int = 3, slots: int = 6, **kw) -> TwinPrior:
+    fields = {
+        "start_weight": weight,
+        "candidates": CANDIDATES,
+        "mean_log_ratio": (0.0, -0.1, -0.2),
+        "se": (0.0, 0.02, 0.03),
+        "upper": (1.0, 0.95, 0.88),
+        "windows": 12,
+        "overlap": 3.0,
+        "block_requests": 36,
+        "workers": workers,
+        "slots": slots,
+        "load": None,
+        "holdout_requests": 240,
+        "holdout_first_arrival_s": 100.0,
+        "holdout_last_arrival_s": 200.0,
+    }
+    return TwinPrior(**{**fields, **kw})
+
+
+def test_the_verdict_is_the_twins_rule_on_the_paired_interval():
+    rng = np.random.default_rng(0)
+    base = rng.uniform(0.2, 0.4, 12)
+    better = np.column_stack([base, base * 0.9, base * rng.uniform(0.75, 0.8, 12)])
+    common = {
+        "candidates": CANDIDATES,
+        "block_requests": 36,
+        "workers": 3,
+        "slots": 6,
+        "load": None,
+        "holdout_requests": 240,
+        "holdout_first_arrival_s": 0.0,
+        "holdout_last_arrival_s": 1.0,
+    }
+    prior = judged(better, CFG, 3.0, 12, common)
+    assert prior.start_weight == 1.0 and prior.upper[2] < math.exp(-CFG.margin)
+    assert prior.mean_log_ratio[2] == pytest.approx(np.log(better[:, 2] / base).mean(), abs=1e-5)
+    # the same mean with a noise that the interval cannot exclude: stay at w = 0
+    noisy = better.copy()
+    noisy[:, 2] = base * np.where(np.arange(12) % 2, 0.4, 1.6)
+    assert judged(noisy, CFG, 3.0, 12, common).start_weight in (0.0, 0.5)
+    worse = np.column_stack([base, base * 1.1, base * 1.3])
+    assert judged(worse, CFG, 3.0, 12, common).start_weight == 0.0
+
+
+def test_the_prior_replays_only_the_holdout_given_and_is_deterministic():
+    trace = _trace(seed=7)
+    est = SurvivalEstimator(horizon=16).fit(_trace(seed=8))
+    prior = measure_prior(copy.deepcopy(est), trace, SHAPE, CFG)
+    assert prior.holdout_requests == len(trace) and prior.windows == SHAPE.windows
+    assert prior.holdout_first_arrival_s == trace["arrival_s"].min()
+    assert prior.holdout_last_arrival_s == trace["arrival_s"].max()
+    assert prior.overlap == pytest.approx(SHAPE.windows * 36 / len(trace), abs=1e-4)
+    assert measure_prior(copy.deepcopy(est), trace, SHAPE, CFG) == prior
+    # the evidence is the holdout's: another holdout, other evidence
+    other = _trace(seed=9)
+    assert measure_prior(copy.deepcopy(est), other, SHAPE, CFG).mean_log_ratio != (
+        prior.mean_log_ratio
+    )
+
+
+def test_the_prior_would_show_a_model_that_saw_the_holdout():
+    """exactmatch memorises outputs by prompt key: one that saw the holdout (a leak) replays it
+    with the true outputs, and its prior differs; training's leakage test rests on this."""
+    trace = _trace(seed=3, keys=True)
+    fresh = ExactMatchEstimator(horizon=16).fit(_trace(seed=4, keys=True).iloc[:5])
+    leaked = copy.deepcopy(fresh)
+    leaked.fit(trace)  # knows every holdout output
+    a = measure_prior(copy.deepcopy(fresh), trace, SHAPE, CFG)
+    b = measure_prior(copy.deepcopy(leaked), trace, SHAPE, CFG)
+    assert a.mean_log_ratio != b.mean_log_ratio  # a leak shows
+
+
+def test_a_holdout_shorter_than_a_block_gives_no_evidence():
+    est = SurvivalEstimator(horizon=16).fit(_trace())
+    prior = measure_prior(est, _trace(30), SHAPE, CFG)
+    assert prior.windows == 0 and prior.start_weight == 0.0 and "fewer than one block" in prior.note
+
+
+def test_round_trip_and_bad_metadata_is_named():
+    prior = _prior()
+    assert TwinPrior.from_dict(prior.as_dict()) == prior
+    d = prior.as_dict()
+    for broken, words in [
+        ({k: v for k, v in d.items() if k != "start_weight"}, "missing field(s) start_weight"),
+        ({**d, "workers": "eight"}, "wrong type"),
+        ({**d, "start_weight": 0.7}, "start_weight is not one of the candidates"),
+        ({**d, "se": [0.1]}, "one value per candidate"),
+        ({**d, "version": 99}, "version 99"),
+        ({**d, "load": -1}, "load must be > 0"),
+    ]:
+        with pytest.raises(UserError, match=r"twin prior of m\.joblib") as err:
+            TwinPrior.from_dict(broken, "m.joblib")
+        assert words in str(err.value)
+    est = SurvivalEstimator(horizon=16).fit(_trace())
+    assert model_priors(est) == [] and prior_start(est, 3, 6, None) is None
+    setattr(est, PRIOR_ATTRIBUTE, {"not": "a list"})
+    with pytest.raises(UserError, match="expected a list"):
+        model_priors(est)
+    start = prior_start(est, 3, 6, None)  # a consumer falls back to w = 0 and says why
+    assert start.test is None and "expected a list" in start.note and "w = 0" in start.note
+
+
+def test_the_prior_of_the_groups_shape_sets_the_start_and_another_shape_is_not_used():
+    est = SurvivalEstimator(horizon=16).fit(_trace())
+    attach_priors(est, [_prior(1.0, 3, 6), _prior(0.5, 3, 12)])
+    assert twin_prior(est) == _prior(1.0, 3, 6)
+    assert twin_prior(est, 3, 12).start_weight == 0.5 and twin_prior(est, 4, 6) is None
+    start = prior_start(est, 3, 12, 1.1, CFG)
+    assert start.test.weight == 0.5 and start.stats["twin_prior"] == "used"
+    assert "3x12 saturated" in start.note and "at 1.1x" in start.note
+    other = prior_start(est, 8, 64, None, CFG)
+    assert other.test is None and "this group is 8x64" in other.note
+    narrow = TwinConfig(candidates=(0.0, 1.0))
+    assert prior_start(est, 3, 12, None, narrow).test is None  # 0.5 is no candidate there
+
+
+def test_the_twin_starts_at_the_prior_and_can_still_switch_back():
+    test = prior_test(_prior(1.0), CFG)
+    assert test.weight == 1.0 and test.decisions == 0
+    group = TwinGroup(RouterSpec.parse("brh:survival{horizon=16}"), 3, 6)
+    twin = DecodeTwin(group, SurvivalEstimator(horizon=16).fit(_trace()), CFG, warm=test)
+    assert twin.weight == 1.0
+    # its own evidence says the estimator harms: back to w = 0 after min_windows, cooldown
+    for _ in range(CFG.min_windows - 1):
+        assert test.add(np.array([1.0, 1.3, 1.6])) == 1.0
+    assert test.add(np.array([1.0, 1.3, 1.6])) == 0.0 and test.switches == 1
+    # and evidence for it keeps it
+    keep = prior_test(_prior(1.0), CFG)
+    for _ in range(6):
+        assert keep.add(np.array([1.0, 0.9, 0.7])) == 1.0
+
+
+def _with_prior(tmp_path, weight: float, workers: int = 3, slots: int = 6) -> str:
+    est = SurvivalEstimator(horizon=16).fit(_trace(seed=11))
+    attach_priors(est, [_prior(weight, workers, slots, block_requests=128)])
+    return str(save_estimator(est, tmp_path / "survival.joblib"))
+
+
+def test_simulate_and_ab_start_a_registered_models_twin_at_its_prior(tmp_path):
+    path = _with_prior(tmp_path, 1.0)
+    assert twin_prior(path).start_weight == 1.0  # through the file, as a service loads it
+    spec = ReplaySpec(
+        router=RouterSpec.parse(f"brh:survival@{path}{{horizon=16}}"),
+        workers=3,
+        slots=6,
+        prefill=PrefillConfig(saturate=True),
+    )
+    notes: list[str] = []
+    summary = simulate_workload(_trace(300), {"kind": "t"}, spec, tmp_path / "s", log=notes.append)
+    assert summary["twin_prior"] == "used" and summary["twin_prior_weight"] == 1.0
+    assert summary["twin_weight_mean"] > 0.5  # it routed with the estimator from the start
+    assert any("starting at w = 1" in n for n in notes)
+    cfg = ABConfig(
+        arms=(RouterSpec.parse("brh:none{horizon=16}"), spec.router),
+        slots=6,
+        workers=(3,),
+        repeats=3,
+        window_requests=100,
+        saturate=True,
+        reference="brh:none",
+        twin=TwinConfig(block_requests=128),
+    )
+    raw = run_ab(_trace(400), cfg)
+    stats = raw["info"]["twin"][f"{spec.router.label} G=3"]
+    assert stats["twin_prior"] == "used"
+    weights = [
+        t["summary"]["twin_weight_mean"] for t in raw["tasks"] if t["arm"] == spec.router.label
+    ]
+    assert weights and all(w == 1.0 for w in weights)
+
+
+def test_another_shape_leaves_the_twin_at_zero(tmp_path):
+    path = _with_prior(tmp_path, 1.0, workers=8, slots=32)
+    spec = ReplaySpec(
+        router=RouterSpec.parse(f"brh:survival@{path}{{horizon=16}}"),
+        workers=3,
+        slots=6,
+        prefill=PrefillConfig(saturate=True),
+    )
+    notes: list[str] = []
+    summary = simulate_workload(_trace(300), {"kind": "t"}, spec, tmp_path / "s", log=notes.append)
+    assert summary["twin_prior"] == "other shape" and summary["twin_weight_mean"] == 0.0
+    assert any("this group is 3x6" in n for n in notes)

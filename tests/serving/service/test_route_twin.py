@@ -1,0 +1,177 @@
+"""The live twin of /v1/route: requests seen across calls (arrivals, finishes, drops), numbered
+in arrival order, the twin advancing in its worker and the routing path never waiting for it."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from balanceroute.predict.survival import SurvivalEstimator
+from balanceroute.router.lab.twin import TwinGroup
+from balanceroute.router.lab.twin_live import LiveTwin
+from balanceroute.router.policies.specs import RouterSpec
+from balanceroute.serving.service.route_schemas import RouteRequest
+from balanceroute.serving.service.snapshot import decide
+from balanceroute.serving.service.twin_cache import JOB, RouteTwins
+from tests.router.helpers import frame
+
+G, B = 2, 4
+
+
+def _body(k: int, running: list[list[dict]], pool: list[dict], policy_options=None) -> dict:
+    return {
+        "policy": "brh",
+        "options": {"horizon": 8, **(policy_options or {})},
+        "workers": [{"free_slots": B - len(r), "running": r} for r in running],
+        "pool": pool,
+        "slots": B,
+        "iteration": k,
+        "time_s": 0.05 * k,
+    }
+
+
+def _estimator() -> SurvivalEstimator:
+    rng = np.random.default_rng(0)
+    return SurvivalEstimator(horizon=8).fit(
+        frame(rng.integers(10, 900, 300), rng.integers(1, 9, 300))
+    )
+
+
+class Dispatcher:
+    """A caller of /v1/route every iteration (in-process): running requests age by one and
+    finish after their output length; the admitted ones run; some waiting ones give up."""
+
+    def __init__(self, twins: RouteTwins, seed: int = 0) -> None:
+        self.twins = twins
+        self.rng = np.random.default_rng(seed)
+        self.est = _estimator()
+        self.lock = threading.Lock()
+        self.running: list[list[dict]] = [[] for _ in range(G)]
+        self.pool: list[dict] = []
+        self.remaining: dict[str, int] = {}
+        self.output: dict[str, int] = {}
+        self.given_up: set[str] = set()
+        self.finished: list[str] = []
+        self.next_id = 0
+        self.k = 0
+        self.weights: list[float | None] = []
+
+    def call(self) -> None:
+        for w in self.running:  # finish, then age the others
+            for r in w:
+                if self.remaining[r["id"]] <= 1:
+                    self.finished.append(r["id"])
+            w[:] = [r for r in w if self.remaining[r["id"]] > 1]
+            for r in w:
+                self.remaining[r["id"]] -= 1
+                r["age"] += 1
+        if self.pool and self.rng.random() < 0.05:  # a waiting client gives up
+            self.given_up.add(self.pool.pop()["id"])
+        for _ in range(int(self.rng.binomial(2, 0.75))):  # below capacity on average
+            rid = f"p{self.next_id}"
+            self.next_id += 1
+            self.output[rid] = int(self.rng.integers(1, 9))
+            self.pool.append({"id": rid, "prompt_tokens": int(self.rng.integers(10, 900)),
+                              "waited_s": 0.0})  # fmt: skip
+        req = RouteRequest.model_validate(_body(self.k, self.running, self.pool))
+        slot = "a"
+
+        def twin() -> float:
+            return self.twins.for_call(slot, "brh", req, self.est, self.lock)
+
+        admissions, described = decide(req, self.est, twin)
+        self.weights.append(described.get("blend_used"))
+        self.twins.admitted(slot, "brh", [a["id"] for a in admissions], self.k)
+        by_id = {p["id"]: p for p in self.pool}
+        for a in admissions:
+            p = by_id.pop(a["id"])
+            self.running[a["worker"]].append(
+                {"id": a["id"], "prompt_tokens": p["prompt_tokens"], "age": 0}
+            )
+            self.remaining[a["id"]] = self.output[a["id"]]
+        self.pool = list(by_id.values())
+        for p in self.pool:
+            p["waited_s"] = round(p["waited_s"] + 0.05, 6)
+        self.k += 1
+
+
+def test_requests_are_numbered_in_arrival_order_with_their_output_lengths_and_the_twin_decides():
+    twins = RouteTwins()
+    d = Dispatcher(twins)
+    collected = []
+    for _ in range(420):
+        d.call()
+        twins.worker.run_once()  # the worker's pass, in this thread: deterministic
+        job = twins._streams[("a", "brh")].channel.job(JOB)
+        assert isinstance(job, LiveTwin)
+        collected.extend(p for p in job.twin.parts)
+    stream = twins._streams[("a", "brh")]
+    job = stream.channel.job(JOB)
+    stats = job.stats()
+    assert stats["twin_decisions"] >= 2  # blocks judged from the calls alone
+    assert stats["twin_lag_blocks"] <= 2
+    # every numbered request is a finished one, with its true output length, in arrival order
+    order = stream.channel.order
+    assert order.dropped >= 1  # the clients that gave up were never numbered
+    seen: dict[int, int] = {}
+    for part in collected:
+        for i, out in zip(part.index.tolist(), part.output_tokens.tolist(), strict=True):
+            seen[i] = out
+    truth = [d.output[f"p{n}"] for n in range(d.next_id) if f"p{n}" not in d.given_up]
+    numbered = sorted(seen)
+    assert numbered == list(range(numbered[0], numbered[-1] + 1))  # dense
+    for i in numbered:
+        assert seen[i] == truth[i]
+    # the last call's ids only: the pool and the running requests
+    assert len(stream.seen) == len(d.pool) + sum(len(w) for w in d.running)
+    # every call routed at the twin's weight (w = 0 until it had evidence)
+    assert d.weights[0] == 0.0 and all(w in (0.0, 0.5, 1.0) for w in d.weights)
+    twins.drop("a")
+    assert twins.stats() == []
+
+
+class _Stuck(LiveTwin):
+    """A twin whose step waits until released: the worker is busy inside a step."""
+
+    entered = threading.Event()
+    release = threading.Event()
+
+    def step(self) -> int:
+        _Stuck.entered.set()
+        _Stuck.release.wait(60)
+        return super().step()
+
+
+def test_routing_never_waits_for_a_twin_stuck_in_a_step():
+    twins = RouteTwins()
+    d = Dispatcher(twins, seed=1)
+    d.call()
+    channel = twins._streams[("a", "brh")].channel
+    channel.pending.clear()
+    group = TwinGroup(RouterSpec("brh", None, {"horizon": 8}), G, B)
+    channel.add(JOB, lambda: _Stuck(group, d.est))
+    worker = threading.Thread(target=_loop_until_released, args=(twins,), daemon=True)
+    worker.start()
+    try:
+        for _ in range(3000):  # until a block is complete: the worker steps and sticks
+            d.call()
+            if _Stuck.entered.is_set():
+                break
+        assert _Stuck.entered.is_set()
+        calls = d.k
+        for _ in range(50):  # the worker is inside a step: routing goes on at the weight
+            d.call()
+        assert d.k == calls + 50
+        assert channel.feed.events  # the calls' events wait in the feed, unprocessed
+        assert all(w == 0.0 for w in d.weights)
+    finally:
+        _Stuck.release.set()
+        worker.join(60)
+    assert not worker.is_alive()
+
+
+def _loop_until_released(twins: RouteTwins) -> None:
+    while not _Stuck.release.is_set():
+        if not twins.worker.run_once():
+            twins.worker.stopping.wait(0.002)

@@ -173,7 +173,7 @@ def decide(
         policy.reset(snap.context)
     except UserError as exc:
         raise InvalidOptions(str(exc)) from None
-    weight = apply_blend(policy, twin if policy.twin_managed else None)
+    weight = apply_blend(policy, twin)
     adm = policy.route(snap.state)
     check_decision(adm, snap, policy.maximal)
     offset = snap.running

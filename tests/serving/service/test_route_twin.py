@@ -4,8 +4,10 @@ in arrival order, the twin advancing in its worker and the routing path never wa
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
+import pytest
 
 from balanceroute.predict.survival import SurvivalEstimator
 from balanceroute.router.lab.twin import TwinGroup
@@ -15,6 +17,7 @@ from balanceroute.serving.service.route_schemas import RouteRequest
 from balanceroute.serving.service.snapshot import decide
 from balanceroute.serving.service.twin_cache import JOB, RouteTwins
 from tests.router.helpers import frame
+from tests.serving.service.helpers import Server, post
 
 G, B = 2, 4
 
@@ -42,8 +45,9 @@ class Dispatcher:
     """A caller of /v1/route every iteration (in-process): running requests age by one and
     finish after their output length; the admitted ones run; some waiting ones give up."""
 
-    def __init__(self, twins: RouteTwins, seed: int = 0) -> None:
+    def __init__(self, twins: RouteTwins | None, seed: int = 0, client=None) -> None:
         self.twins = twins
+        self.client = client  # route over HTTP (a real server) instead of in-process
         self.rng = np.random.default_rng(seed)
         self.est = _estimator()
         self.lock = threading.Lock()
@@ -74,15 +78,14 @@ class Dispatcher:
             self.output[rid] = int(self.rng.integers(1, 9))
             self.pool.append({"id": rid, "prompt_tokens": int(self.rng.integers(10, 900)),
                               "waited_s": 0.0})  # fmt: skip
-        req = RouteRequest.model_validate(_body(self.k, self.running, self.pool))
-        slot = "a"
-
-        def twin() -> float:
-            return self.twins.for_call(slot, "brh", req, self.est, self.lock)
-
-        admissions, described = decide(req, self.est, twin)
+        body = _body(self.k, self.running, self.pool)
+        if self.client is not None:
+            resp = post(self.client, "/v1/route", body)
+            assert resp.status_code == 200, resp.text
+            admissions, described = resp.json()["admissions"], resp.json()["policy"]
+        else:
+            admissions, described = self._in_process(body)
         self.weights.append(described.get("blend_used"))
-        self.twins.admitted(slot, "brh", [a["id"] for a in admissions], self.k)
         by_id = {p["id"]: p for p in self.pool}
         for a in admissions:
             p = by_id.pop(a["id"])
@@ -94,6 +97,17 @@ class Dispatcher:
         for p in self.pool:
             p["waited_s"] = round(p["waited_s"] + 0.05, 6)
         self.k += 1
+
+    def _in_process(self, body: dict) -> tuple[list[dict], dict]:
+        req = RouteRequest.model_validate(body)
+        assert self.twins is not None
+
+        def twin() -> float:
+            return self.twins.for_call("a", "brh", req, self.est, self.lock)
+
+        admissions, described = decide(req, self.est, twin)
+        self.twins.admitted("a", "brh", [a["id"] for a in admissions], self.k)
+        return admissions, described
 
 
 def test_requests_are_numbered_in_arrival_order_with_their_output_lengths_and_the_twin_decides():
@@ -175,3 +189,30 @@ def _loop_until_released(twins: RouteTwins) -> None:
     while not _Stuck.release.is_set():
         if not twins.worker.run_once():
             twins.worker.stopping.wait(0.002)
+
+
+@pytest.mark.server
+def test_a_real_service_twin_sees_completions_advances_and_is_in_metrics(module_server: Server):
+    """A dispatcher calling a real ``serve`` every iteration: the twin of (a, brh) numbers
+    the requests it saw finish, judges blocks in its background thread, and /metrics and
+    /v1/route/twins report it."""
+    with module_server.client() as c:
+        d = Dispatcher(None, seed=3, client=c)
+        for _ in range(600):
+            d.call()
+        twins: list[dict] = []
+        for _ in range(600):  # the worker catches up in the background
+            twins = c.get("/v1/route/twins").json()["twins"]
+            row = next(t for t in twins if (t["arm"], t["policy"]) == ("a", "brh"))
+            if row["twin_decisions"] >= 1:
+                break
+            time.sleep(0.1)
+        text = c.get("/metrics").text
+    assert row["twin_requests_numbered"] >= 128  # a block's worth of finished requests
+    assert row["twin_requests_numbered"] <= len(d.finished)
+    assert row["twin_decisions"] >= 1 and row["twin_cpu_s"] > 0
+    assert row["twin_weight"] in (0.0, 0.5, 1.0)
+    assert all(w in (0.0, 0.5, 1.0) for w in d.weights)
+    for name in ("weight", "blocks", "switches", "cpu_seconds", "lag_blocks"):
+        assert f'balanceroute_route_twin_{name}{{arm="a",policy="brh"}}' in text
+    assert "balanceroute_route_guard" not in text  # retired

@@ -26,6 +26,8 @@ from collections.abc import Callable, Hashable
 from dataclasses import replace
 from typing import Any, Protocol
 
+import numpy as np
+
 from balanceroute.predict.base import CompletionEstimator
 from balanceroute.router.lab.twin import DecodeTwin, Finished, SequentialTest, TwinConfig, TwinGroup
 from balanceroute.router.lab.twin_feed import ArrivalOrder, TwinFeed
@@ -83,9 +85,18 @@ class LiveTwin:
 
     def observe(self, rows: Finished) -> None:
         """Newly numbered finished requests; a twin behind skips its oldest blocks."""
-        self.twin.observe(rows)
-        if self.twin.skip_behind(MAX_LAG):
-            self.twin.trim()
+        t = self.twin
+        t.observe(rows)
+        if t.skip_behind(MAX_LAG):
+            t.trim()
+            # the shadow learns what finished before the next block it will replay (as the
+            # step would): its queue stays bounded however long the twin has no budget
+            start = t.next_block * t.stride
+            for part in t.parts:
+                hit = np.flatnonzero(part.index == start)
+                if hit.size:
+                    t.shadow.advance_to(float(part.release_s[hit[0]]))
+                    break
 
     def ready(self) -> bool:
         return self.twin.ready()

@@ -128,7 +128,9 @@ def test_a_twin_without_budget_skips_to_recent_blocks_and_stays_bounded():
     assert stats["twin_decisions"] == 0 and stats["twin_steps"] == 0
     assert stats["twin_lag_blocks"] <= MAX_LAG
     assert stats["twin_blocks_dropped"] > 50
-    assert job.memory()["rows"] <= (MAX_LAG + 2) * BLOCK
+    memory = job.memory()
+    assert memory["rows"] <= (MAX_LAG + 2) * BLOCK
+    assert memory["shadow_heap"] <= (MAX_LAG + 3) * BLOCK  # learned up to the next block
 
 
 def test_a_live_twin_starts_where_it_is_told():

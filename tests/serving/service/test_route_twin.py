@@ -216,3 +216,23 @@ def test_a_real_service_twin_sees_completions_advances_and_is_in_metrics(module_
     for name in ("weight", "blocks", "switches", "cpu_seconds", "lag_blocks"):
         assert f'balanceroute_route_twin_{name}{{arm="a",policy="brh"}}' in text
     assert "balanceroute_route_guard" not in text  # retired
+
+
+def test_without_the_twin_the_guard_steps_aside_and_without_both_the_estimator_is_used():
+    """``twin=false`` leaves a guard that cannot learn within one call: w = 0, exactly the
+    prediction-free decision; ``twin=false;guard=false`` uses the estimator as it is."""
+    est = _estimator()
+    rng = np.random.default_rng(5)
+    running = [[{"id": f"r{g}{i}", "prompt_tokens": int(rng.integers(10, 900)),
+                 "age": int(rng.integers(0, 8))} for i in range(2)] for g in range(G)]  # fmt: skip
+    pool = [{"id": f"p{i}", "prompt_tokens": int(rng.integers(10, 900))} for i in range(9)]
+
+    def run(options, estimator):
+        req = RouteRequest.model_validate(_body(3, running, pool, options))
+        return decide(req, estimator)
+
+    aside, described = run({"twin": False}, est)
+    assert described["blend_used"] == 0.0
+    assert aside == run({"twin": False}, None)[0]  # as brh:none
+    _, raw = run({"twin": False, "guard": False}, est)
+    assert "blend_used" not in raw

@@ -118,6 +118,11 @@ class ArmComparison:
             self.next_block += behind - 2
             self.dropped += behind - 2
             self._trim()
+            first = self.rows[0]  # the shadows learn up to the next block (bounded queues)
+            hit = np.flatnonzero(first.index == self.next_block * self.size)
+            if hit.size:
+                for s in self.shadows:
+                    s.advance_to(float(first.release_s[hit[0]]))
 
     def ready(self) -> bool:
         return self.numbered >= (self.next_block + 1) * self.size

@@ -165,3 +165,20 @@ def test_the_comparison_replays_every_arm_on_the_same_blocks():
     assert per["same"]["ratio"] == 1.0 and per["same"]["low"] == per["same"]["high"] == 1.0
     assert per["jsq"]["low"] <= per["jsq"]["ratio"] <= per["jsq"]["high"]
     assert per["surv"]["weight_mean"] == 1.0
+
+
+def test_a_comparison_without_budget_stays_bounded():
+    worker = TwinWorker()
+    channel = worker.channel("x", 16 * BLOCK)
+    group = TwinGroup(RouterSpec.parse("brh:none{horizon=16}"), G, B)
+    arms = [
+        ComparedArm("brh:none", RouterSpec.parse("brh:none{horizon=16}")),
+        ComparedArm("surv", RouterSpec.parse("brh:survival{horizon=16}"), _estimator()),
+    ]
+    channel.add("cf", lambda: ArmComparison(arms, group, CFG))
+    for _ in _feed_stream(channel, worker, 3000, seed=4, tick=False):
+        pass
+    cf = channel.job("cf")
+    assert cf.summary()["blocks"] == 0 and cf.dropped > 50
+    assert cf.count <= 4 * BLOCK
+    assert all(len(s.heap) <= 4 * BLOCK for s in cf.shadows)

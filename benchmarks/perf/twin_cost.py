@@ -18,7 +18,8 @@ the router step p50 (calls with admissions due) of each pass, side by side, with
 the medians with and without the twin; the load average before and after (the machine is
 shared).
 
-    .venv/bin/python benchmarks/perf/twin_cost.py [--seconds 200] [--passes 4] [--load 1.0]
+    .venv/bin/python benchmarks/perf/twin_cost.py [--seconds 300] [--passes 4] [--load 1.0]
+        [--work-ratio 5] [--steady-after 180]
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ class RealTime(Policy):
         self.released = released
         self.worker = twin_worker
         self.steps_ns: list[int] = []
+        self.steps_at: list[float] = []  # wall seconds since the pass began
         self.tickets = np.full(released.size, -1, dtype=np.int64)
         self.next_release = 0
         self.start = 0.0
@@ -98,6 +100,7 @@ class RealTime(Policy):
         adm = self.inner.route(state)
         if state.admissions_due > 0:
             self.steps_ns.append(time.perf_counter_ns() - t0)
+            self.steps_at.append(time.monotonic() - self.start)
         return adm
 
     def on_complete(self, positions, output_tokens, finish_s, iteration) -> None:
@@ -120,11 +123,13 @@ def head(released: ReleasedRequests, seconds: float) -> ReleasedRequests:
     )
 
 
-def one_pass(estimator, released, seconds: float, twin: bool) -> dict[str, Any]:
+def one_pass(
+    estimator, released, seconds: float, twin: bool, work_ratio: float, steady_s: float
+) -> dict[str, Any]:
     """One pass of ``seconds`` at real time; the step times and the twin's figures."""
     spec = RouterSpec.parse(SPEC)
     policy = spec.build_policy(copy.deepcopy(estimator))
-    cfg = TwinConfig()
+    cfg = TwinConfig(work_ratio=work_ratio)
     worker = None
     if twin:
         worker = TwinWorker()
@@ -139,6 +144,7 @@ def one_pass(estimator, released, seconds: float, twin: bool) -> dict[str, Any]:
     simulate(part, wrapped, SimConfig(workers=G, slots=B, cost=CostModel(), validate=False))
     wall = time.monotonic() - wall0
     steps = np.asarray(wrapped.steps_ns) / 1e3
+    late = steps[np.asarray(wrapped.steps_at) >= steady_s]
     out: dict[str, Any] = {
         "twin": twin,
         "wall_s": round(wall, 1),
@@ -146,6 +152,9 @@ def one_pass(estimator, released, seconds: float, twin: bool) -> dict[str, Any]:
         "router_step_p50_us": round(float(np.median(steps)), 1) if steps.size else None,
         "router_step_p99_us": round(float(np.percentile(steps, 99)), 1) if steps.size else None,
         "routing_calls": int(steps.size),
+        # the calls from steady_s on: when the twin has blocks to replay in the passes with it
+        "router_step_p50_us_late": round(float(np.median(late)), 1) if late.size else None,
+        "routing_calls_late": int(late.size),
     }
     if worker is not None:
         end = (time.monotonic(), worker.cpu_s)
@@ -173,9 +182,21 @@ def one_pass(estimator, released, seconds: float, twin: bool) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seconds", type=float, default=200.0, help="wall seconds per pass")
+    ap.add_argument("--seconds", type=float, default=300.0, help="wall seconds per pass")
     ap.add_argument("--passes", type=int, default=4, help="ABBA passes: without, with, ...")
     ap.add_argument("--load", type=float, default=1.0, help="times the decode capacity")
+    ap.add_argument(
+        "--work-ratio",
+        type=float,
+        default=TwinConfig().work_ratio,
+        help="the twin's budget: simulated iterations per live iteration",
+    )
+    ap.add_argument(
+        "--steady-after",
+        type=float,
+        default=180.0,
+        help="router step p50 also over the calls from this many seconds on",
+    )
     args = ap.parse_args()
     azure = DATA / "azure_llm_2023_conv.csv"
     frame = load_trace(azure) if azure.exists() else generate("azure-conv", 20_000, seed=0)
@@ -193,16 +214,21 @@ def main() -> None:
     )
     load_before = os.getloadavg()
     order = [False, True, True, False] * (args.passes // 4 + 1)
-    passes = [one_pass(estimator, released, args.seconds, twin) for twin in order[: args.passes]]
+    passes = [
+        one_pass(estimator, released, args.seconds, twin, args.work_ratio, args.steady_after)
+        for twin in order[: args.passes]
+    ]
     with_twin = [p["router_step_p50_us"] for p in passes if p["twin"]]
     without = [p["router_step_p50_us"] for p in passes if not p["twin"]]
+    late_with = [p["router_step_p50_us_late"] for p in passes if p["twin"]]
+    late_without = [p["router_step_p50_us_late"] for p in passes if not p["twin"]]
     shares = [p["twin_core_share"] for p in passes if p["twin"]]
     print(
         json.dumps(
             {
                 "group": {"G": G, "B": B, "cost": "default (about 60 ms a step)"},
                 "router": SPEC + " at w = 1 (fixed)",
-                "twin_budget_work_ratio": TwinConfig().work_ratio,
+                "twin_budget_work_ratio": args.work_ratio,
                 "load": args.load,
                 "seconds_per_pass": args.seconds,
                 "loadavg_before": [round(x, 2) for x in load_before],
@@ -214,6 +240,18 @@ def main() -> None:
                     statistics.median(with_twin) / statistics.median(without), 4
                 )
                 if with_twin and without
+                else None,
+                "router_step_p50_late_ratio_with_to_without": round(
+                    statistics.median(late_with) / statistics.median(late_without), 4
+                )
+                if late_with and late_without and None not in late_with + late_without
+                else None,
+                # noise floor: the two passes of one condition, larger over smaller
+                "router_step_p50_spread_without": round(max(without) / min(without), 4)
+                if len(without) > 1
+                else None,
+                "router_step_p50_spread_with": round(max(with_twin) / min(with_twin), 4)
+                if len(with_twin) > 1
                 else None,
                 "twin_core_share_median": statistics.median(shares) if shares else None,
             },

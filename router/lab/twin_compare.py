@@ -105,6 +105,7 @@ class ArmComparison:
         self.skipped = 0
         self.dropped = 0
         self.iterations = 0
+        self._summary = self._make_summary()  # made by the worker, read by any thread
 
     def observe(self, rows: Finished) -> None:
         """Newly numbered finished requests (dense, in order); a comparison behind skips."""
@@ -161,6 +162,7 @@ class ArmComparison:
         else:
             self.skipped += 1
         self.iterations += used
+        self._summary = self._make_summary()
         return max(used, 1)
 
     def _replay(
@@ -189,7 +191,11 @@ class ArmComparison:
         return s, a, n, result.iterations
 
     def summary(self) -> dict[str, Any]:
-        """Per arm: the paired ratio of its imbalance to the reference arm's, with interval."""
+        """Per arm: the paired ratio of its imbalance to the reference arm's, with interval
+        (the worker's last snapshot: any thread may read it while the comparison steps)."""
+        return {**self._summary, "blocks_dropped": self.dropped, "cpu_s": round(self.cpu_s, 4)}
+
+    def _make_summary(self) -> dict[str, Any]:
         x = np.array(self.logs) if self.logs else np.zeros((0, len(self.arms)))
         reference = self.arms[0].label
         per_arm = {}

@@ -77,6 +77,7 @@ class LiveTwin:
         self.credit = 0.0
         self.cpu_s = 0.0  # the worker thread's CPU on this twin
         self.steps = 0
+        self._stats = self._snapshot()  # made by the worker, read by any thread
 
     @property
     def weight(self) -> float:
@@ -97,6 +98,7 @@ class LiveTwin:
                 if hit.size:
                     t.shadow.advance_to(float(part.release_s[hit[0]]))
                     break
+        self._stats = self._snapshot()
 
     def ready(self) -> bool:
         return self.twin.ready()
@@ -106,6 +108,7 @@ class LiveTwin:
         cost = self.twin.step(latest=True)
         self.twin.trim()
         self.steps += 1
+        self._stats = self._snapshot()
         return cost
 
     def memory(self) -> dict[str, int]:
@@ -119,13 +122,16 @@ class LiveTwin:
             "test_blocks": len(t.test.logs),
         }
 
-    def stats(self) -> dict[str, Any]:
-        """The twin's state: weight, blocks judged, switches, CPU, lag (blocks behind)."""
+    def _snapshot(self) -> dict[str, Any]:
         out = self.twin.stats()
-        out["twin_cpu_s"] = round(self.cpu_s, 4)  # the worker thread's, not the process's
         out["twin_lag_blocks"] = self.twin.complete_blocks()
         out["twin_steps"] = self.steps
         return out
+
+    def stats(self) -> dict[str, Any]:
+        """The twin's state: weight, blocks judged, switches, CPU, lag (blocks behind); the
+        worker's last snapshot, so any thread may read it while the twin steps."""
+        return {**self._stats, "twin_cpu_s": round(self.cpu_s, 4)}  # the thread's CPU
 
 
 class Channel:

@@ -296,7 +296,8 @@ class DecodeTwin:
         )
         self.stride = max(1, self.size // self.cfg.overlap)
         self.parts: list[Finished] = []
-        self.known = np.zeros(0, dtype=np.bool_)  # finished, by arrival index
+        self.known = np.zeros(0, dtype=np.bool_)  # finished, by arrival index - known_from
+        self.known_from = 0  # arrival index of known[0] (trim() drops the replayed prefix)
         self.next_block = 0
         self.iterations = 0  # simulated by the twin
         self.cpu_s = 0.0
@@ -317,20 +318,50 @@ class DecodeTwin:
         if not keep.any():
             return
         done = done.take(np.flatnonzero(keep))
-        top = int(done.index.max()) + 1
+        top = int(done.index.max()) + 1 - self.known_from
         if top > self.known.size:
             grown = np.zeros(max(top, 2 * self.known.size), dtype=np.bool_)
             grown[: self.known.size] = self.known
             self.known = grown
-        self.known[done.index] = True
+        self.known[done.index - self.known_from] = True
         self.parts.append(done)
 
     def _span(self, b: int) -> tuple[int, int]:
         return b * self.stride, b * self.stride + self.size
 
     def _ready(self, b: int) -> bool:
-        lo, hi = self._span(b)
+        lo, hi = (x - self.known_from for x in self._span(b))
         return hi <= self.known.size and bool(self.known[lo:hi].all())
+
+    def complete_blocks(self) -> int:
+        """Blocks complete and not yet replayed (the twin's lag, in blocks)."""
+        n = 0
+        while self._ready(self.next_block + n):
+            n += 1
+        return n
+
+    def skip_behind(self, keep: int) -> int:
+        """Skip the oldest complete blocks so that at most ``keep`` wait (a twin behind its
+        budget decides on recent traffic); returns how many were skipped."""
+        skipped = max(0, self.complete_blocks() - keep)
+        self.next_block += skipped
+        self.blocks_dropped += skipped
+        return skipped
+
+    def trim(self) -> None:
+        """Forget what no later block needs: rows and flags before the next block's first
+        arrival, and ``w = 0`` replays of earlier blocks (a live twin's memory stays bounded;
+        the shared baseline of a schedule is left alone unless trimmed)."""
+        start = self.next_block * self.stride
+        if self.parts:
+            rows = Finished.concat(self.parts)
+            self.parts = [rows.take(np.flatnonzero(rows.index >= start))]
+        cut = min(max(0, start - self.known_from), self.known.size)
+        if cut:
+            self.known = self.known[cut:].copy()
+            self.known_from += cut
+        for b in [b for b in self.baseline if b < self.next_block]:
+            del self.baseline[b]
 
     def ready(self) -> bool:
         """Whether every request of the next block has finished."""

@@ -96,16 +96,18 @@ class BalanceRouteConfig:
     guard: bool = field(
         default=True,
         metadata={
-            "help": "do-no-harm guard where no twin drives the policy (the service until it "
-            "runs a twin): a deployable estimator's projection is used only while its "
+            "help": "do-no-harm guard where no twin drives the policy (twin=false in simulate, "
+            "ab, evaluate; the service routes such a policy at w = 0, the gateway never "
+            "guards): a deployable estimator's projection is used only while its "
             "decisions, judged on what happened one horizon later, beat those made without it"
         },
     )
     twin: bool = field(
         default=True,
         metadata={
-            "help": "where a twin runs beside the router (simulate, ab, evaluate: "
-            "router/lab/twin.py), it chooses the blend weight w of P0 - w (P0 - P), starting "
+            "help": "a twin beside the router (simulate, ab, evaluate, the service's /v1/route "
+            "and the gateway: router/lab/twin.py, twin_live.py) chooses the blend weight w of "
+            "P0 - w (P0 - P), starting "
             "at 0, in place of the guard; twin=false;guard=false uses the estimator as it is"
         },
     )

@@ -178,14 +178,6 @@ class BalanceRoutePolicy(Policy):
         self.guard = None
         self.blend = float(weight)
 
-    def share_guard(self, guard: ProjectionGuard) -> bool:
-        """Use ``guard`` (kept by the caller across decisions) instead of a guard of this run's
-        own; returns whether this policy is guarded at all."""
-        if self.guard is None:
-            return False
-        self.guard = guard
-        return True
-
     def on_complete(self, positions, output_tokens, finish_s, iteration) -> None:
         if self.config.auto_gamma is not None and self.config.horizon > 0:
             self._adapt_gamma(output_tokens)

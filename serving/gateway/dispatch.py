@@ -29,6 +29,7 @@ from balanceroute.serving.gateway.fanout import completed, fan_out, mute_policie
 from balanceroute.serving.gateway.metrics import GatewayMetrics
 from balanceroute.serving.gateway.state import Departure, LiveGroup
 from balanceroute.serving.gateway.switchback import Switchback
+from balanceroute.serving.gateway.twins import GatewayTwins
 from balanceroute.serving.lifecycle.recent import RecentCompletions
 
 log = logging.getLogger("balanceroute.gateway")
@@ -49,8 +50,10 @@ class Dispatcher:
         seed: int = 0,
         clock: Callable[[], float] = time.monotonic,
         recent: RecentCompletions | None = None,
+        twins: GatewayTwins | None = None,
     ) -> None:
         self.group = group
+        self.twins = twins
         self.arms = {a.label: a for a in arms}
         self.recent = recent
         mute_policies(arms)
@@ -123,6 +126,9 @@ class Dispatcher:
         self._tell_departures(arm, now)
         group = self.group
         state = group.snapshot(now)
+        if self.twins is not None:  # the live twin's weight (read, never waited for)
+            self.twins.tick(group.iteration)
+            self.twins.apply(arm)
         due = state.admissions_due
         if due == 0:
             return 0

@@ -48,6 +48,7 @@ class LiveRequest:
     admitted: asyncio.Future[int]  # resolved with the rank by the decision loop
     finished: bool = False
     queue_s: float = 0.0  # arrival to the last forward
+    ticket: int = -1  # the live twins' feed
 
 
 def arrive(
@@ -89,6 +90,7 @@ def arrive(
         arrival_epoch=time.time(),
         position=position,
         admitted=gw.dispatcher.waiter(position),
+        ticket=gw.twins.arrived(float(group.arrival_s[position]), tokens, key_hash),
     )
     gw.metrics.outcomes.labels("accepted").inc()
     gw.dispatcher.wake()
@@ -210,6 +212,7 @@ class RequestLife:
         gw.log.add(req.request_id, req.arrival_epoch, prompt, tokens, req.prompt_key, rank, arm,
                    req.queue_s, time.time(), finish_reason)  # fmt: skip
         req.finished = True
+        gw.twins.finished(req.ticket, tokens, now)
         gw.dispatcher.forget(req.position)
         gw.group.leave(req.position, tokens, learn=True)
         gw.dispatcher.wake()
@@ -230,6 +233,7 @@ class RequestLife:
         if req.finished:
             return
         req.finished = True
+        gw.twins.dropped(req.ticket)
         gw.dispatcher.forget(req.position)
         group = gw.group
         if req.position in group.pool.order:

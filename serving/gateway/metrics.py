@@ -3,10 +3,13 @@
 Per rank: running requests, KV load, health. The group: live imbalance (max minus mean of the
 per-rank loads, every tick) as a histogram, pool size, admission wait, TTFT and TPOT seen at the
 gateway, decisions and router step time, prediction fallbacks, re-routes and requests by outcome;
-everything the arms change is labelled by arm.
+everything the arms change is labelled by arm. The live twins (:mod:`.twins`): weight, blocks
+judged, switches, CPU seconds and lag per driven arm.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -75,3 +78,35 @@ class GatewayMetrics:
         self.outcomes = Counter(P + "requests", "requests by outcome", ["outcome"], registry=r)
         self.reloads = Counter(P + "reloads", "model reloads by outcome", ["outcome"], registry=r)
         self.arm = Gauge(P + "active_arm", "1 for the arm routing now", ["arm"], registry=r)
+        self.twin_weight = Gauge(
+            P + "twin_weight",
+            "live twin: the blend weight w of the arm's projection (0: no prediction)",
+            ["arm"],
+            registry=r,
+        )
+        self.twin_blocks = Gauge(
+            P + "twin_blocks",
+            "live twin: blocks of finished requests judged (replayed under every candidate)",
+            ["arm"],
+            registry=r,
+        )
+        self.twin_switches = Gauge(P + "twin_switches", "live twin: weight switches", ["arm"],
+                                   registry=r)  # fmt: skip
+        self.twin_cpu = Gauge(
+            P + "twin_cpu_seconds", "live twin: CPU seconds of its work", ["arm"], registry=r
+        )
+        self.twin_lag = Gauge(
+            P + "twin_lag_blocks",
+            "live twin: complete blocks not yet replayed (blocks behind)",
+            ["arm"],
+            registry=r,
+        )
+
+    def twins(self, rows: dict[str, dict[str, Any]]) -> None:
+        """The live twins' state by arm (set when ``/metrics`` is scraped)."""
+        for arm, row in rows.items():
+            self.twin_weight.labels(arm).set(row["twin_weight"])
+            self.twin_blocks.labels(arm).set(row["twin_decisions"])
+            self.twin_switches.labels(arm).set(row["twin_switches"])
+            self.twin_cpu.labels(arm).set(row["twin_cpu_s"])
+            self.twin_lag.labels(arm).set(row["twin_lag_blocks"])

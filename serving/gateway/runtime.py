@@ -34,8 +34,9 @@ from balanceroute.serving.gateway.reload import reload_arms
 from balanceroute.serving.gateway.results import save_switchback
 from balanceroute.serving.gateway.settings import GatewaySettings
 from balanceroute.serving.gateway.state import LiveGroup
-from balanceroute.serving.gateway.switchback import Switchback
+from balanceroute.serving.gateway.switchback import Switchback, twin_agreement
 from balanceroute.serving.gateway.tokens import PromptCounter
+from balanceroute.serving.gateway.twins import GatewayTwins
 from balanceroute.serving.lifecycle.recent import RecentCompletions
 from balanceroute.serving.lifecycle.renew import ReloadOutcome
 
@@ -72,6 +73,7 @@ class Gateway:
             self.clock(),
         )
         self.recent = RecentCompletions(RECENT_COMPLETIONS)
+        self.twins = GatewayTwins(arms, settings.group, settings.slots, seed=settings.seed)
         self.dispatcher = Dispatcher(
             self.group,
             arms,
@@ -80,6 +82,7 @@ class Gateway:
             seed=settings.seed,
             clock=self.clock,
             recent=self.recent,
+            twins=self.twins,
         )
         self.health = RankHealth(settings, self.group, self.metrics, self.dispatcher.wake)
         self.drain = Drain(settings.drain_timeout_s)
@@ -121,6 +124,7 @@ class Gateway:
         )
         loop = asyncio.get_running_loop()
         self.dispatcher.decide()  # activates the first arm
+        self.twins.start()
         self._tasks = [
             loop.create_task(self.dispatcher.run(s.tick_s), name="gateway-tick"),
             loop.create_task(self.health.run(self._session), name="gateway-health"),
@@ -146,6 +150,7 @@ class Gateway:
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
+        await asyncio.get_running_loop().run_in_executor(None, self.twins.stop)
         self._write_log()
         if self.out is not None:
             ticks = pd.DataFrame(list(self.dispatcher.ticks), columns=list(TICK_COLUMNS))
@@ -188,6 +193,12 @@ class Gateway:
             row["router_step_p50_us"] = steps.get(arm)
         summary["activations"] = self.dispatcher.activations
         summary["admission_violations"] = self.dispatcher.violations
+        summary["twins"] = self.twins.stats()
+        summary["twin_feed"] = self.twins.feed_stats()
+        counterfactual = self.twins.comparison()
+        summary["twin_comparison"] = counterfactual
+        if counterfactual is not None:
+            summary["twin_agreement"] = twin_agreement(summary, counterfactual)
         return summary
 
     async def save_ab(self) -> dict[str, Any]:
@@ -205,9 +216,12 @@ class Gateway:
         """Renew every arm's model (:mod:`.reload`); a failure keeps the old one."""
         async with self.reload_lock:
             out = await reload_arms(self.arms, self.recent)
+            by_label = {a.label: a for a in self.arms}
             for o in out:
                 if o.status != "unchanged":
                     self.metrics.reloads.labels(o.status).inc()
+                if o.changed and o.arm in by_label:
+                    self.twins.renew(by_label[o.arm])  # the twin's verdict was the old model's
             return out
 
 

@@ -8,7 +8,10 @@ still running). Per window: throughput (tokens streamed per second), TPOT p50/p9
 that finished in it, queueing delay (arrival at the gateway to forward) p50/p99 of the requests
 admitted in it, and the live imbalance (max minus mean of the per-rank KV loads the gateway
 tracks, sampled every tick). Each arm is compared with the first one block by block: the mean
-of the per-block differences with a Student-t 95% interval over blocks.
+of the per-block differences with a Student-t 95% interval over blocks, and for the imbalance
+also the geometric-mean ratio. Beside it, the live twin's counterfactual comparison of the same
+arms on the same traffic (:mod:`.twins`: every arm replayed on the same blocks of finished
+requests) and whether the two agree (:func:`twin_agreement`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from typing import Any
 
 import numpy as np
 from scipy import stats
+
+from balanceroute.router.lab.twin_compare import ratio_interval
 
 METRICS = ("throughput", "tpot_p50_ms", "tpot_p95_ms", "queue_p50_ms", "queue_p99_ms", "imbalance")
 
@@ -150,9 +155,11 @@ class Switchback:
             arm: {m: paired_interval(done, reference, arm, m) for m in METRICS}
             for arm in self.arms[1:]
         }
+        ratios = {arm: paired_ratio(done, reference, arm, "imbalance") for arm in self.arms[1:]}
         return {
             "arms": self.arms,
             "reference": reference,
+            "imbalance_ratio_vs_reference": ratios,
             "window_s": self.window_s,
             "warmup_s": self.warmup_s,
             "seed": self.seed,
@@ -189,6 +196,37 @@ def paired_interval(
     return {"pairs": n, "mean": mean, "low": mean - half, "high": mean + half}
 
 
+def paired_ratio(rows: list[dict[str, Any]], reference: str, arm: str, metric: str) -> dict:
+    """``arm`` over ``reference`` block by block: geometric-mean ratio and its t interval."""
+    by_block: dict[int, dict[str, float]] = {}
+    for r in rows:
+        if r[metric] is not None and r[metric] > 0:
+            by_block.setdefault(r["block"], {})[r["arm"]] = r[metric]
+    logs = np.array(
+        [math.log(b[arm] / b[reference]) for b in by_block.values() if arm in b and reference in b]
+    )
+    return ratio_interval(logs)
+
+
+def twin_agreement(summary: dict[str, Any], counterfactual: dict[str, Any]) -> dict[str, Any]:
+    """Per arm: the switchback's measured imbalance ratio against the reference beside the
+    twin's counterfactual one on the same traffic; they agree when both say the same side of
+    1 and their 95% intervals overlap (``undecided`` while either has no interval)."""
+    out = {}
+    twin = counterfactual.get("imbalance_ratio_vs_reference", {})
+    for arm, measured in summary.get("imbalance_ratio_vs_reference", {}).items():
+        t = twin.get(arm)
+        row: dict[str, Any] = {"measured": measured, "twin": t, "same_side": None,
+                               "overlap": None, "verdict": "undecided"}  # fmt: skip
+        if t is not None and measured["ratio"] is not None and t["ratio"] is not None:
+            row["same_side"] = (measured["ratio"] - 1.0) * (t["ratio"] - 1.0) >= 0.0
+        if t is not None and None not in (measured["low"], measured["high"], t["low"], t["high"]):
+            row["overlap"] = measured["low"] <= t["high"] and t["low"] <= measured["high"]
+            row["verdict"] = "agree" if row["same_side"] and row["overlap"] else "disagree"
+        out[arm] = row
+    return out
+
+
 def report_markdown(summary: dict[str, Any], config: dict[str, Any]) -> str:
     """``report.md``: per-arm means and the paired intervals against the reference."""
     fmt = _fmt
@@ -218,6 +256,7 @@ def report_markdown(summary: dict[str, Any], config: dict[str, Any]) -> str:
         for m, d in metrics.items():
             interval = "n/a" if d["low"] is None else f"[{fmt(d['low'])}, {fmt(d['high'])}]"
             lines.append(f"| `{arm}` | {m} | {d['pairs']} | {fmt(d['mean'])} | {interval} |")
+    lines += _twin_lines(summary)
     lines += [
         "",
         "throughput: tokens streamed per second; TPOT of the requests that finished in the "
@@ -226,6 +265,46 @@ def report_markdown(summary: dict[str, Any], config: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _twin_lines(summary: dict[str, Any]) -> list[str]:
+    """The twin's counterfactual comparison beside the measured one, and the verdict."""
+    agreement = summary.get("twin_agreement")
+    if not agreement:
+        return []
+    cf = summary.get("twin_comparison") or {}
+    lines = [
+        "",
+        f"Imbalance ratio against `{summary['reference']}`: measured by the switchback (per block "
+        "of windows) and the live twin's counterfactual (every arm replayed on the same "
+        f"{cf.get('block_requests', 'n/a')}-request blocks of finished requests, "
+        f"{cf.get('blocks', 0)} blocks), geometric means with 95% t intervals:",
+        "",
+        "| arm | measured | measured interval | twin | twin interval | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
+    for arm, row in agreement.items():
+        m, t = row["measured"], row["twin"] or {}
+        lines.append(
+            f"| `{arm}` | {_ratio(m.get('ratio'))} | {_interval(m)} | {_ratio(t.get('ratio'))} "
+            f"| {_interval(t)} | {row['verdict']} |"
+        )
+    lines += [
+        "",
+        "agree: both on the same side of 1 and the intervals overlap; undecided: either has "
+        "fewer than two blocks.",
+    ]
+    return lines
+
+
+def _ratio(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def _interval(d: dict[str, Any]) -> str:
+    if d.get("low") is None:
+        return "n/a"
+    return f"[{d['low']:.3f}, {d['high']:.3f}]"
 
 
 def _fmt(value: float | None) -> str:

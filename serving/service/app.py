@@ -21,7 +21,6 @@ from balanceroute.serving.http.errors import client_disconnect, validation_error
 from balanceroute.serving.http.origin_check import OriginCheck
 from balanceroute.serving.service.body import request_components
 from balanceroute.serving.service.deps import require_token
-from balanceroute.serving.service.guard_cache import RouteGuards
 from balanceroute.serving.service.metrics import MetricsMiddleware, ServiceMetrics
 from balanceroute.serving.service.models import LoadedModel, ModelSlots, pin_lightgbm_threads
 from balanceroute.serving.service.route_schemas import RouteRequest
@@ -29,6 +28,7 @@ from balanceroute.serving.service.routes import ROUTERS
 from balanceroute.serving.service.schemas import REQUEST_MODELS
 from balanceroute.serving.service.settings import ServeSettings
 from balanceroute.serving.service.snapshot import warm_router
+from balanceroute.serving.service.twin_cache import RouteTwins
 
 log = logging.getLogger("balanceroute.serve")
 TITLE = "BalanceRoute"
@@ -66,11 +66,11 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
 def create_app(settings: ServeSettings, *, store: ModelSlots | None = None) -> FastAPI:
     """A service for ``settings``; models load in the background after startup (see /readyz)."""
     metrics = ServiceMetrics()
-    guards = RouteGuards()
+    twins = RouteTwins()
 
     def swapped(slot: str, old: LoadedModel | None, new: LoadedModel) -> None:
         metrics.swapped(slot, old, new)
-        guards.drop(slot)  # the verdict was about the old model
+        twins.drop(slot)  # the twin's verdict was about the old model
 
     if store is None:
         store = ModelSlots(
@@ -100,9 +100,13 @@ def create_app(settings: ServeSettings, *, store: ModelSlots | None = None) -> F
             gc.freeze()
 
         task = asyncio.create_task(first_load())
-        yield
-        if not task.done():
-            task.cancel()
+        twins.run()
+        try:
+            yield
+        finally:
+            if not task.done():
+                task.cancel()
+            twins.stop()
 
     app = FastAPI(
         title=TITLE,
@@ -117,7 +121,7 @@ def create_app(settings: ServeSettings, *, store: ModelSlots | None = None) -> F
     app.state.settings = settings
     app.state.store = store
     app.state.metrics = metrics
-    app.state.guards = guards
+    app.state.twins = twins
     app.add_middleware(OriginCheck, settings=settings)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     app.add_exception_handler(RequestValidationError, validation_error)

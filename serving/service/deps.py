@@ -10,10 +10,10 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 
 from balanceroute.serving.http.auth import Authorized, require_token
-from balanceroute.serving.service.guard_cache import RouteGuards
 from balanceroute.serving.service.metrics import ServiceMetrics
 from balanceroute.serving.service.models import LoadedModel, ModelSlots, NotReady, UnknownModel
 from balanceroute.serving.service.settings import ServeSettings
+from balanceroute.serving.service.twin_cache import RouteTwins
 
 __all__ = ["Authorized", "require_token"]  # re-exported for the route modules
 
@@ -36,13 +36,13 @@ class Services:
     store: ModelSlots
     settings: ServeSettings
     metrics: ServiceMetrics
-    guards: RouteGuards
+    twins: RouteTwins
 
 
 def services(request: Request) -> Services:
-    """The app's store, settings, metrics and route guards."""
+    """The app's store, settings, metrics and the live twins of ``/v1/route``."""
     state = request.app.state
-    return Services(state.store, state.settings, state.metrics, state.guards)
+    return Services(state.store, state.settings, state.metrics, state.twins)
 
 
 StoreDep = Annotated[ModelSlots, Depends(get_store)]

@@ -78,23 +78,32 @@ class ServiceMetrics:
             ["arm", "outcome"],
             registry=r,
         )
-        self.guard_weight = Gauge(
-            "balanceroute_route_guard_weight",
-            "do-no-harm guard of /v1/route: 1 while the arm's projection is used, 0 aside",
-            ["arm", "policy"],
+        twin = ("arm", "policy")
+        self.twin_weight = Gauge(
+            "balanceroute_route_twin_weight",
+            "live twin of /v1/route: the blend weight w of BR-H's projection (0: no prediction)",
+            twin,
             registry=r,
         )
-        self.guard_change = Gauge(
-            "balanceroute_route_guard_decision_change",
-            "do-no-harm guard: mean relative change of the decisions' discounted imbalance "
-            "with the arm's projection (negative: it pays)",
-            ["arm", "policy"],
+        self.twin_blocks = Gauge(
+            "balanceroute_route_twin_blocks",
+            "live twin: blocks of finished requests judged (replayed under every candidate)",
+            twin,
             registry=r,
         )
-        self.guard_snapshots = Gauge(
-            "balanceroute_route_guard_snapshots",
-            "do-no-harm guard: decisions judged on what happened",
-            ["arm", "policy"],
+        self.twin_switches = Gauge(
+            "balanceroute_route_twin_switches", "live twin: weight switches", twin, registry=r
+        )
+        self.twin_cpu = Gauge(
+            "balanceroute_route_twin_cpu_seconds",
+            "live twin: CPU seconds of its background thread",
+            twin,
+            registry=r,
+        )
+        self.twin_lag = Gauge(
+            "balanceroute_route_twin_lag_blocks",
+            "live twin: complete blocks not yet replayed (blocks behind)",
+            twin,
             registry=r,
         )
         self.model_info = Gauge(
@@ -110,12 +119,19 @@ class ServiceMetrics:
             self.model_info.remove(*_info_labels(old))
         self.model_info.labels(*_info_labels(new)).set(1)
 
-    def guarded(self, arm: str, policy: str, stats: dict[str, Any]) -> None:
-        """The do-no-harm guard's state after one /v1/route decision."""
-        self.guard_weight.labels(arm, policy).set(stats["guard_weight"])
-        if stats.get("guard_decision_change") is not None:
-            self.guard_change.labels(arm, policy).set(stats["guard_decision_change"])
-        self.guard_snapshots.labels(arm, policy).set(stats["guard_snapshots"])
+    def twins(self, rows: list[dict[str, Any]]) -> None:
+        """The live twins' state (set when ``/metrics`` is scraped); gone twins leave."""
+        gauges = (self.twin_weight, self.twin_blocks, self.twin_switches, self.twin_cpu,
+                  self.twin_lag)  # fmt: skip
+        for g in gauges:
+            g.clear()
+        for row in rows:
+            labels = (row["arm"], row["policy"])
+            self.twin_weight.labels(*labels).set(row["twin_weight"])
+            self.twin_blocks.labels(*labels).set(row["twin_decisions"])
+            self.twin_switches.labels(*labels).set(row["twin_switches"])
+            self.twin_cpu.labels(*labels).set(row["twin_cpu_s"])
+            self.twin_lag.labels(*labels).set(row["twin_lag_blocks"])
 
     def reloaded(self, o: ReloadOutcome) -> None:
         """Count what a (re)load did to one arm."""

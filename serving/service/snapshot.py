@@ -20,7 +20,6 @@ from balanceroute.predict.base import CompletionEstimator
 from balanceroute.predict.no_prediction import NoPrediction
 from balanceroute.router.policies.admission import admission_violation
 from balanceroute.router.policies.balance_route import BalanceRoutePolicy
-from balanceroute.router.policies.guard import ProjectionGuard
 from balanceroute.router.policies.kernels import compile_kernels
 from balanceroute.router.policies.policy import Policy, RunContext
 from balanceroute.router.policies.registry import policy_class, policy_names
@@ -144,24 +143,37 @@ def check_decision(adm: Admissions, snap: Snapshot, maximal: bool) -> None:
         raise DecisionError(problem)
 
 
-GuardSource = Callable[[BalanceRoutePolicy], ProjectionGuard | None]
+TwinSource = Callable[[], float]
+
+
+def apply_blend(policy: Policy, twin: TwinSource | None) -> float | None:
+    """The blend weight a BR-H policy routes with in the service (docs/design.md, "The twin
+    live"): a twin-driven one the twin's (``twin``, read now), else ``w = 0`` where the guard
+    would run (a guard cannot learn within one call: it would step aside); None: the policy as
+    it is (a fixed ``blend``, ``guard=false``, or no estimator)."""
+    if not isinstance(policy, BalanceRoutePolicy):
+        return None
+    if policy.twin_managed and twin is not None:
+        policy.set_blend(twin())
+    elif policy.guard is not None:
+        policy.set_blend(0.0)
+    else:
+        return None
+    return policy.blend
 
 
 def decide(
-    req: RouteRequest, estimator: CompletionEstimator | None, guard: GuardSource | None = None
+    req: RouteRequest, estimator: CompletionEstimator | None, twin: TwinSource | None = None
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Admissions ``[{id, worker}]`` in order and the resolved policy configuration; ``guard``
-    gives a guarded policy the do-no-harm guard kept across calls (see ``serving.service.guard_cache``)."""
+    """Admissions ``[{id, worker}]`` in order and the resolved policy configuration; ``twin``
+    gives a twin-driven policy its live twin's weight (see ``serving.service.twin_cache``)."""
     snap = build_snapshot(req)
     policy = make_policy(req, estimator)
     try:
         policy.reset(snap.context)
     except UserError as exc:
         raise InvalidOptions(str(exc)) from None
-    if guard is not None and isinstance(policy, BalanceRoutePolicy) and policy.guard is not None:
-        shared = guard(policy)
-        if shared is not None:
-            policy.share_guard(shared)
+    weight = apply_blend(policy, twin)
     adm = policy.route(snap.state)
     check_decision(adm, snap, policy.maximal)
     offset = snap.running
@@ -169,7 +181,10 @@ def decide(
         {"id": snap.pool_ids[p - offset], "worker": g}
         for p, g in zip(adm.positions.tolist(), adm.workers.tolist(), strict=True)
     ]
-    return admissions, policy.describe()
+    described = policy.describe()
+    if weight is not None:
+        described["blend_used"] = weight
+    return admissions, described
 
 
 def prediction_free(horizon: int) -> CompletionEstimator:

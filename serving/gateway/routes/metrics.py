@@ -13,7 +13,8 @@ router = APIRouter(tags=["metrics"], dependencies=[Authorized])
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
     """Per rank running requests, KV load and health; imbalance, pool, waits, TTFT, TPOT,
-    decisions and router step time, fallbacks, re-routes; labelled by arm."""
+    decisions and router step time, fallbacks, re-routes, the live twins; labelled by arm."""
     gw = request.app.state.gateway
     gw.dispatcher.sample()
+    gw.metrics.twins(gw.twins.stats())
     return Response(generate_latest(gw.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -25,13 +25,10 @@ from fastapi import APIRouter, HTTPException, Request
 
 from balanceroute.predict.base import CompletionEstimator
 from balanceroute.router.policies.balance_config import BRH_DEFAULTS
-from balanceroute.router.policies.balance_route import BalanceRoutePolicy
-from balanceroute.router.policies.guard import ProjectionGuard
 from balanceroute.router.policies.registry import policy_class
 from balanceroute.serving.service.body import openapi_body
 from balanceroute.serving.service.decode import check_count, parse_json, validate
 from balanceroute.serving.service.deps import Authorized, Services, field_error, services
-from balanceroute.serving.service.guard_cache import RouteGuards
 from balanceroute.serving.service.models import LoadedModel, ModelSlots, NotReady, UnknownModel
 from balanceroute.serving.service.route_schemas import RouteRequest, validate_route
 from balanceroute.serving.service.schemas import RouteResponse
@@ -43,8 +40,16 @@ from balanceroute.serving.service.snapshot import (
     lookahead,
     prediction_free,
 )
+from balanceroute.serving.service.twin_cache import RouteTwins
 
 router = APIRouter(prefix="/v1", tags=["route"], dependencies=[Authorized])
+
+
+@router.get("/route/twins")
+async def route_twins(request: Request) -> dict[str, Any]:
+    """The live twins of ``/v1/route`` (one per arm and policy): weight, blocks judged,
+    switches, CPU seconds, lag in blocks, and what their feed holds."""
+    return {"twins": services(request).twins.stats()}
 
 
 def _check_sizes(data: Any, limit: int) -> None:
@@ -129,15 +134,20 @@ def _decide(
     model: LoadedModel | None,
     estimator: CompletionEstimator | None,
     horizon: int,
-    guards: RouteGuards,
+    twins: RouteTwins,
+    store: ModelSlots,
 ) -> tuple[list[dict[str, Any]], dict[str, Any], LoadedModel | None, str | None]:
-    """The decision with the model; if the model fails on this snapshot, the one without it."""
+    """The decision with the model (BR-H at its live twin's weight); if the model fails on
+    this snapshot, the one without it."""
 
-    def guard(policy: BalanceRoutePolicy) -> ProjectionGuard:
-        return guards.for_call(model.slot, req.policy, policy.config, req)
+    def twin() -> float:
+        return twins.for_call(model.slot, req.policy, req, estimator, store.lock)
 
     try:
-        return *decide(req, estimator, guard if model is not None else None), model, None
+        admissions, described = decide(req, estimator, twin if model is not None else None)
+        if model is not None and "blend_used" in described:
+            twins.admitted(model.slot, req.policy, [a["id"] for a in admissions], req.iteration)
+        return admissions, described, model, None
     except (InvalidOptions, DecisionError):
         raise
     except Exception as exc:
@@ -204,15 +214,14 @@ def _route(data: Any, svc: Services) -> tuple[RouteResponse, str | None]:
     model, estimator, fallback = _model_for(req, svc.store, horizon)
     arm = model.slot if model is not None else None
     try:
-        admissions, described, model, failed = _decide(req, model, estimator, horizon, svc.guards)
+        admissions, described, model, failed = _decide(
+            req, model, estimator, horizon, svc.twins, svc.store
+        )
     except InvalidOptions as exc:
         raise field_error(("body", "options"), "invalid_options", str(exc)) from None
     except DecisionError as exc:
         raise HTTPException(status_code=500, detail=f"policy '{req.policy}': {exc}") from None
     fallback = fallback or failed
-    used = svc.guards.peek(model.slot, req.policy) if model is not None else None
-    if used is not None:
-        svc.metrics.guarded(model.slot, req.policy, used.stats())
     if fallback is not None:
         svc.metrics.fallbacks.labels("/v1/route", "model_unavailable").inc()
     response = RouteResponse(

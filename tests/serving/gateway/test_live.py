@@ -175,6 +175,10 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             for path, body, headers, _ in BAD_BODIES
         ]  # fmt: skip
         out["models"] = gw.get("/v1/models")
+        out["gw_ab"] = gw.get("/v1/ab").json()
+        out["gw_metrics"] = gw.get("/metrics").text
+        out["gw_outcomes"] = {o: gw.metric("balanceroute_gateway_requests_total", outcome=o)
+                              for o in ("accepted", "completed")}  # fmt: skip
         out["gw_exit"] = gw.stop()
         gw = None
         # the switchback: two arms alternating every second
@@ -187,6 +191,15 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                     "60", "--no-progress"]  # fmt: skip
             assert balanceroute_main(args) == 0
             out["ab_live"] = sb.get("/v1/ab").json()
+            arm = f"brh:survival@{model}"
+            for _ in range(600):  # the twins catch up in their thread (a few seconds)
+                ab = sb.get("/v1/ab").json()
+                cf = ab["twin_comparison"] or {}
+                if ab["twins"][arm]["twin_decisions"] >= 1 and cf.get("blocks", 0) >= 1:
+                    break
+                time.sleep(0.1)
+            out["ab_twin"] = ab
+            out["sb_metrics"] = sb.get("/metrics").text
         finally:
             out["sb_exit"] = sb.stop()
     finally:
@@ -294,6 +307,30 @@ def test_switchback_report_has_both_arms(live):
     runs = client.search_runs([experiment.experiment_id])
     assert len(runs) == 3  # the parent and one child per arm
     assert {r.data.tags["mlflow.runName"] for r in runs} == {*arms, "gateway-ab-sb"}
+
+
+def test_the_twins_advance_from_the_requests_lives_and_are_in_metrics(live):
+    """Phase A/B: the one arm's twin numbered every finished request (and dropped the others)
+    and waits for a block at w = 0; the switchback: the BR-H arm's twin judged blocks, the
+    counterfactual replayed both arms, and the report says whether it agrees."""
+    ab, outcomes = live["gw_ab"], live["gw_outcomes"]
+    assert set(ab["twins"]) == {"brh"} and ab["twins"]["brh"]["twin_weight"] == 0.0
+    feed = ab["twin_feed"]
+    assert feed["twin_requests_numbered"] == outcomes["completed"]
+    assert feed["twin_requests_dropped"] >= 1  # the clients that walked away in phase B
+    assert feed["twin_requests_numbered"] + feed["twin_requests_dropped"] == outcomes["accepted"]
+    assert 'balanceroute_gateway_twin_weight{arm="brh"} 0.0' in live["gw_metrics"]
+    arm = f"brh:survival@{live['model']}"
+    sb = live["ab_twin"]
+    assert set(sb["twins"]) == {arm}
+    assert sb["twins"][arm]["twin_decisions"] >= 1 and sb["twins"][arm]["twin_cpu_s"] > 0
+    assert sb["twin_comparison"]["blocks"] >= 1
+    assert sb["twin_agreement"][arm]["verdict"] in ("agree", "disagree", "undecided")
+    for name in ("weight", "blocks", "switches", "cpu_seconds", "lag_blocks"):
+        assert f'balanceroute_gateway_twin_{name}{{arm="{arm}"}}' in live["sb_metrics"]
+    summary = json.loads((live["base"] / "sb" / "ab" / "summary.json").read_text())
+    assert summary["twin_comparison"]["reference"] == "count-jsq"
+    assert "counterfactual" in (live["base"] / "sb" / "ab" / "report.md").read_text()
 
 
 @pytest.mark.slow

@@ -1,0 +1,175 @@
+"""The gateway's live twins: one per twin-driven arm, and the arms' counterfactual A/B.
+
+Every request's life reaches one feed (:mod:`balanceroute.router.lab.twin_feed`): its arrival
+(time at the gateway, prompt tokens, prompt key), its finish with the tokens streamed (the
+rows of the completion log), or its drop (abandoned, aborted, failed: never replayed, as the
+estimators never learn it). A background thread (:class:`TwinWorker`) numbers the finished
+requests in arrival order and steps, under the budget (``work_ratio`` simulated iterations per
+live iteration, the gateway's step estimate):
+
+- one :class:`LiveTwin` per arm it drives (BR-H with a learned deployable estimator, the
+  ``twin`` option on, no fixed ``blend``): the arm routes at its weight, read at every decision
+  (never waited for), ``w = 0`` until the twin has evidence;
+- with two arms or more, an :class:`ArmComparison`: every arm replayed on the same blocks, the
+  switchback's counterfactual (:func:`~balanceroute.serving.gateway.switchback.twin_agreement`).
+
+The twins copy the arms' models when made (at start and after a reload, on the event loop:
+the fan-out updates a model there, never during the copy); their shadows learn only from the
+feed, leakage-free.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from balanceroute.predict.base import CompletionEstimator
+from balanceroute.predict.remote import RemoteEstimator
+from balanceroute.router.lab.cost import CostModel
+from balanceroute.router.lab.twin import SequentialTest, TwinConfig, TwinGroup
+from balanceroute.router.lab.twin_compare import ArmComparison, ComparedArm
+from balanceroute.router.lab.twin_live import LiveTwin, TwinWorker, pending_limit
+from balanceroute.router.policies.balance_route import BalanceRoutePolicy, guard_applies
+from balanceroute.serving.gateway.arms import Arm
+
+COMPARISON = "counterfactual"
+
+
+def local_model(arm: Arm) -> CompletionEstimator | None:
+    """The model an arm predicts with in-process (a prediction service's local fallback)."""
+    if arm.handle is None:
+        return None
+    model = arm.handle.model
+    if isinstance(model, RemoteEstimator):
+        return model.fallback
+    return model
+
+
+def twin_drives(arm: Arm) -> bool:
+    """Whether a live twin chooses this arm's blend weight: BR-H with a learned deployable
+    estimator, the ``twin`` option on and no fixed ``blend`` (as ``simulate``'s rule)."""
+    policy = arm.policy
+    if not isinstance(policy, BalanceRoutePolicy):
+        return False
+    cfg = policy.config
+    return cfg.twin and cfg.blend is None and cfg.horizon > 0 and guard_applies(local_model(arm))
+
+
+class GatewayTwins:
+    """The feed, the twins of the arms and the comparison, in one background thread."""
+
+    def __init__(
+        self,
+        arms: list[Arm],
+        ranks: int,
+        slots: int,
+        *,
+        seed: int = 0,
+        config: TwinConfig | None = None,
+        cost: CostModel | None = None,
+        start: float | SequentialTest | None = None,
+    ) -> None:
+        self.config = cfg = config or TwinConfig()
+        self.cost = cost or CostModel()
+        self.ranks, self.slots, self.seed = ranks, slots, seed
+        self.start_at = start
+        self.worker = TwinWorker()
+        self.channel = self.worker.channel("gateway", pending_limit(cfg, ranks, slots))
+        self.feed = self.channel.feed
+        self.arms = list(arms)
+        self.driven = {a.label for a in arms if twin_drives(a)}
+        for arm in arms:
+            if arm.label in self.driven:
+                self.renew(arm)
+        if len(arms) > 1:
+            self._compare()
+
+    # ---- the routing side (event loop) ----------------------------------------------------
+    def arrived(self, arrival_s: float, prompt_tokens: int, prompt_key: int) -> int:
+        """A request joined the pool; its ticket."""
+        return self.feed.arrived(arrival_s, prompt_tokens, prompt_key)
+
+    def finished(self, ticket: int, output_tokens: int, now: float) -> None:
+        self.feed.finished(ticket, output_tokens, now)
+
+    def dropped(self, ticket: int) -> None:
+        self.feed.dropped(ticket)
+
+    def tick(self, iteration: int) -> None:
+        self.feed.tick(iteration)
+
+    def weight(self, label: str) -> float | None:
+        """The weight the arm routes with now (None: no twin drives it)."""
+        if label not in self.driven:
+            return None
+        job = self.channel.job(label)
+        return self._start_weight() if job is None else job.weight
+
+    def apply(self, arm: Arm) -> None:
+        """Before a decision: a driven arm's policy takes its twin's weight."""
+        w = self.weight(arm.label)
+        if w is not None:
+            arm.policy.set_blend(w)
+
+    def renew(self, arm: Arm) -> None:
+        """A twin for ``arm`` on its current model (at start, and after a reload changed it:
+        the old twin's verdict was about the old model)."""
+        if arm.label not in self.driven:
+            return
+        group = TwinGroup(arm.spec, self.ranks, self.slots, self.cost, self.seed)
+        model = copy.deepcopy(local_model(arm))
+        cfg, start = self.config, self.start_at
+        self.channel.add(arm.label, lambda: LiveTwin(group, model, cfg, start=start))
+        if len(self.arms) > 1 and self.channel.job(COMPARISON) is not None:
+            self._compare()
+
+    def _compare(self) -> None:
+        group = TwinGroup(self.arms[0].spec, self.ranks, self.slots, self.cost, self.seed)
+        compared = [
+            ComparedArm(
+                a.label,
+                a.spec,
+                copy.deepcopy(local_model(a)),
+                (lambda label=a.label: self.weight(label)) if a.label in self.driven else None,
+            )
+            for a in self.arms
+        ]
+        cfg = self.config
+        self.channel.add(COMPARISON, lambda: ArmComparison(compared, group, cfg))
+
+    def _start_weight(self) -> float:
+        s = self.start_at
+        if isinstance(s, SequentialTest):
+            return s.weight
+        return self.config.start_weight if s is None else float(s)
+
+    # ---- life and status ------------------------------------------------------------------
+    def start(self) -> None:
+        self.worker.start()
+
+    def stop(self) -> None:
+        self.worker.stop(timeout_s=10.0)
+
+    def stats(self) -> dict[str, dict[str, Any]]:
+        """Per driven arm: weight, blocks judged, switches, CPU seconds, lag in blocks."""
+        out = {}
+        for label in sorted(self.driven):
+            job = self.channel.job(label)
+            if job is None:
+                row: dict[str, Any] = {"twin_weight": self._start_weight(), "twin_decisions": 0,
+                                       "twin_switches": 0, "twin_cpu_s": 0.0,
+                                       "twin_lag_blocks": 0}  # fmt: skip
+            else:
+                row = job.stats()
+            if label in self.channel.errors:
+                row["twin_error"] = self.channel.errors[label]
+            out[label] = row
+        return out
+
+    def comparison(self) -> dict[str, Any] | None:
+        """The counterfactual A/B so far (None with one arm, or before it was made)."""
+        job = self.channel.job(COMPARISON)
+        return None if job is None else job.summary()
+
+    def feed_stats(self) -> dict[str, Any]:
+        return {**self.channel.order.stats(), "worker_cpu_s": round(self.worker.cpu_s, 4)}

@@ -1,0 +1,177 @@
+"""The gateway's live twins: which arms a twin drives, the weight applied at every decision,
+the twin advancing from the requests' lives, decisions never waiting for it, and the
+switchback's verdict beside the twin's counterfactual."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+
+import numpy as np
+
+from balanceroute.predict.factory import build_estimator
+from balanceroute.router.lab.twin import TwinConfig, TwinGroup
+from balanceroute.router.lab.twin_live import LiveTwin
+from balanceroute.router.policies.specs import RouterSpec
+from balanceroute.serving.gateway.arms import Arm, Handle
+from balanceroute.serving.gateway.dispatch import Dispatcher
+from balanceroute.serving.gateway.metrics import GatewayMetrics
+from balanceroute.serving.gateway.state import LiveGroup
+from balanceroute.serving.gateway.switchback import Switchback, twin_agreement
+from balanceroute.serving.gateway.twins import COMPARISON, GatewayTwins, twin_drives
+from tests.router.helpers import frame
+
+G, B = 2, 3
+CFG = TwinConfig(block_requests=32, min_windows=3, cooldown=2, memory=8)
+LABEL = "brh:survival{horizon=16}"
+
+
+def _arm(label: str = LABEL) -> Arm:
+    spec = RouterSpec.parse(label)
+    if spec.estimator is None:
+        return Arm(label, spec, spec.build_policy(), None)
+    rng = np.random.default_rng(7)
+    history = frame(rng.integers(100, 3000, 300), rng.integers(1, 40, 300))
+    handle = Handle(build_estimator(spec.estimator, history=history, horizon=16))
+    handle.muted = True
+    return Arm(label, spec, spec.build_policy(handle), handle)
+
+
+class Traffic:
+    """Requests through the live group and the twins' feed, as :mod:`...life` reports them:
+    arrival, tokens, finish (or abandon), one decision per step."""
+
+    def __init__(self, arms: list[Arm], twins: GatewayTwins, seed: int = 0) -> None:
+        self.group = LiveGroup.sized(G, B, 64)
+        sb = Switchback([a.label for a in arms], 1e9, 0.0, 0, 0.0)
+        ticks = itertools.count()
+        self.clock = lambda: next(ticks) * 0.01
+        self.d = Dispatcher(self.group, arms, sb, GatewayMetrics(), clock=self.clock,
+                            twins=twins)  # fmt: skip
+        self.twins = twins
+        self.rng = np.random.default_rng(seed)
+        self.tickets: dict[int, int] = {}
+        self.target: dict[int, int] = {}
+        self.blends: list[float | None] = []
+
+    def step(self) -> None:
+        g, rng = self.group, self.rng
+        for _ in range(int(rng.binomial(2, 0.5))):
+            p = g.arrive(int(rng.integers(50, 2000)), int(rng.integers(1, 9)), self.clock())
+            if p is not None:
+                self.tickets[p] = self.twins.arrived(float(g.arrival_s[p]), 10, 1)
+                self.target[p] = int(rng.integers(1, 30))
+        for p in np.flatnonzero(g.running_mask()).tolist():
+            g.advance(p, int(g.age[p]) + 1)
+            if g.age[p] >= self.target[p]:
+                self.twins.finished(self.tickets.pop(p), int(g.age[p]), self.clock())
+                g.leave(p, int(g.age[p]), learn=True)
+        if g.pool.size > 8:  # a waiting client walks away
+            p = int(g.pool.head(1)[0])
+            self.twins.dropped(self.tickets.pop(p))
+            g.abandon(p)
+        self.d.decide()
+        active = self.d.active
+        self.blends.append(getattr(active.policy, "blend", None))
+
+
+def test_which_arms_a_twin_drives():
+    assert twin_drives(_arm())
+    assert not twin_drives(_arm("brh:none"))
+    assert not twin_drives(_arm("count-jsq"))
+    assert not twin_drives(_arm("brh:survival{horizon=16;twin=false}"))
+    assert not twin_drives(_arm("brh:survival{horizon=16;blend=0.5}"))
+
+
+def test_the_driven_arm_routes_at_its_twins_weight_and_the_twin_advances():
+    arms = [_arm(), _arm("brh:none{horizon=16}")]
+    twins = GatewayTwins(arms, G, B, config=CFG)
+    traffic = Traffic(arms, twins)
+
+    async def scenario() -> None:
+        for _ in range(1500):
+            traffic.step()
+            twins.worker.run_once()
+
+    asyncio.run(scenario())
+    stats = twins.stats()
+    assert set(stats) == {LABEL}
+    assert stats[LABEL]["twin_decisions"] >= 5
+    assert twins.channel.order.dropped >= 1  # the clients that walked away
+    assert traffic.blends[0] == 0.0 and all(b in (0.0, 0.5, 1.0) for b in traffic.blends)
+    job = twins.channel.job(LABEL)
+    assert isinstance(job, LiveTwin)
+    job.twin.test.current = 2  # the twin says w = 1: the next decision uses it
+
+    async def one() -> None:
+        traffic.step()
+
+    asyncio.run(one())
+    assert traffic.blends[-1] == 1.0
+    cf = twins.comparison()
+    assert cf is not None and cf["blocks"] >= 3
+    assert set(cf["imbalance_ratio_vs_reference"]) == {"brh:none{horizon=16}"}
+    assert twins.channel.job(COMPARISON) is not None
+
+
+class _Stuck(LiveTwin):
+    entered = threading.Event()
+    release = threading.Event()
+
+    def step(self) -> int:
+        _Stuck.entered.set()
+        _Stuck.release.wait(60)
+        return super().step()
+
+
+def test_decisions_never_wait_for_a_twin_stuck_in_a_step():
+    arm = _arm()
+    twins = GatewayTwins([arm], G, B, config=CFG)
+    traffic = Traffic([arm], twins, seed=1)
+    twins.channel.pending.clear()
+    group = TwinGroup(arm.spec, G, B)
+    twins.channel.add(LABEL, lambda: _Stuck(group, None, CFG))
+
+    def loop() -> None:
+        while not _Stuck.release.is_set():
+            if not twins.worker.run_once():
+                twins.worker.stopping.wait(0.002)
+
+    worker = threading.Thread(target=loop, daemon=True)
+    worker.start()
+
+    async def scenario() -> int:
+        for _ in range(5000):
+            traffic.step()
+            await asyncio.sleep(0)
+            if _Stuck.entered.is_set():
+                break
+        assert _Stuck.entered.is_set()
+        before = len(traffic.blends)
+        for _ in range(100):  # the worker is inside a step: decisions go on
+            traffic.step()
+        return len(traffic.blends) - before
+
+    try:
+        assert asyncio.run(scenario()) == 100
+        assert twins.feed.events  # the lives wait in the feed, unprocessed
+        assert all(b == 0.0 for b in traffic.blends)
+    finally:
+        _Stuck.release.set()
+        worker.join(60)
+    assert not worker.is_alive()
+
+
+def test_the_switchback_and_the_twin_agree_or_not():
+    def ratio(r, lo, hi):
+        return {"ratio": r, "low": lo, "high": hi, "blocks": 5}
+
+    summary = {"imbalance_ratio_vs_reference": {"a": ratio(0.9, 0.8, 1.0), "b": ratio(0.9, 0.85,
+               0.95), "c": ratio(1.1, None, None) | {"low": None, "high": None}}}  # fmt: skip
+    twin = {"imbalance_ratio_vs_reference": {"a": ratio(0.95, 0.9, 0.99), "b": ratio(1.05, 1.01,
+            1.1), "c": ratio(1.0, 0.9, 1.1)}}  # fmt: skip
+    out = twin_agreement(summary, twin)
+    assert out["a"]["verdict"] == "agree"
+    assert out["b"]["verdict"] == "disagree" and out["b"]["same_side"] is False
+    assert out["c"]["verdict"] == "undecided"

@@ -1,0 +1,238 @@
+"""The live twin of /v1/route: requests seen across calls (arrivals, finishes, drops), numbered
+in arrival order, the twin advancing in its worker and the routing path never waiting for it."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from balanceroute.predict.survival import SurvivalEstimator
+from balanceroute.router.lab.twin import TwinGroup
+from balanceroute.router.lab.twin_live import LiveTwin
+from balanceroute.router.policies.specs import RouterSpec
+from balanceroute.serving.service.route_schemas import RouteRequest
+from balanceroute.serving.service.snapshot import decide
+from balanceroute.serving.service.twin_cache import JOB, RouteTwins
+from tests.router.helpers import frame
+from tests.serving.service.helpers import Server, post
+
+G, B = 2, 4
+
+
+def _body(k: int, running: list[list[dict]], pool: list[dict], policy_options=None) -> dict:
+    return {
+        "policy": "brh",
+        "options": {"horizon": 8, **(policy_options or {})},
+        "workers": [{"free_slots": B - len(r), "running": r} for r in running],
+        "pool": pool,
+        "slots": B,
+        "iteration": k,
+        "time_s": 0.05 * k,
+    }
+
+
+def _estimator() -> SurvivalEstimator:
+    rng = np.random.default_rng(0)
+    return SurvivalEstimator(horizon=8).fit(
+        frame(rng.integers(10, 900, 300), rng.integers(1, 9, 300))
+    )
+
+
+class Dispatcher:
+    """A caller of /v1/route every iteration (in-process): running requests age by one and
+    finish after their output length; the admitted ones run; some waiting ones give up."""
+
+    def __init__(self, twins: RouteTwins | None, seed: int = 0, client=None) -> None:
+        self.twins = twins
+        self.client = client  # route over HTTP (a real server) instead of in-process
+        self.rng = np.random.default_rng(seed)
+        self.est = _estimator()
+        self.lock = threading.Lock()
+        self.running: list[list[dict]] = [[] for _ in range(G)]
+        self.pool: list[dict] = []
+        self.remaining: dict[str, int] = {}
+        self.output: dict[str, int] = {}
+        self.given_up: set[str] = set()
+        self.finished: list[str] = []
+        self.next_id = 0
+        self.k = 0
+        self.weights: list[float | None] = []
+
+    def call(self) -> None:
+        for w in self.running:  # finish, then age the others
+            for r in w:
+                if self.remaining[r["id"]] <= 1:
+                    self.finished.append(r["id"])
+            w[:] = [r for r in w if self.remaining[r["id"]] > 1]
+            for r in w:
+                self.remaining[r["id"]] -= 1
+                r["age"] += 1
+        if self.pool and self.rng.random() < 0.05:  # a waiting client gives up
+            self.given_up.add(self.pool.pop()["id"])
+        for _ in range(int(self.rng.binomial(2, 0.75))):  # below capacity on average
+            rid = f"p{self.next_id}"
+            self.next_id += 1
+            self.output[rid] = int(self.rng.integers(1, 9))
+            self.pool.append({"id": rid, "prompt_tokens": int(self.rng.integers(10, 900)),
+                              "waited_s": 0.0})  # fmt: skip
+        body = _body(self.k, self.running, self.pool)
+        if self.client is not None:
+            resp = post(self.client, "/v1/route", body)
+            assert resp.status_code == 200, resp.text
+            admissions, described = resp.json()["admissions"], resp.json()["policy"]
+        else:
+            admissions, described = self._in_process(body)
+        self.weights.append(described.get("blend_used"))
+        by_id = {p["id"]: p for p in self.pool}
+        for a in admissions:
+            p = by_id.pop(a["id"])
+            self.running[a["worker"]].append(
+                {"id": a["id"], "prompt_tokens": p["prompt_tokens"], "age": 0}
+            )
+            self.remaining[a["id"]] = self.output[a["id"]]
+        self.pool = list(by_id.values())
+        for p in self.pool:
+            p["waited_s"] = round(p["waited_s"] + 0.05, 6)
+        self.k += 1
+
+    def _in_process(self, body: dict) -> tuple[list[dict], dict]:
+        req = RouteRequest.model_validate(body)
+        assert self.twins is not None
+
+        def twin() -> float:
+            return self.twins.for_call("a", "brh", req, self.est, self.lock)
+
+        admissions, described = decide(req, self.est, twin)
+        self.twins.admitted("a", "brh", [a["id"] for a in admissions], self.k)
+        return admissions, described
+
+
+def test_requests_are_numbered_in_arrival_order_with_their_output_lengths_and_the_twin_decides():
+    twins = RouteTwins()
+    d = Dispatcher(twins)
+    collected = []
+    for _ in range(420):
+        d.call()
+        twins.worker.run_once()  # the worker's pass, in this thread: deterministic
+        job = twins._streams[("a", "brh")].channel.job(JOB)
+        assert isinstance(job, LiveTwin)
+        collected.extend(p for p in job.twin.parts)
+    stream = twins._streams[("a", "brh")]
+    job = stream.channel.job(JOB)
+    stats = job.stats()
+    assert stats["twin_decisions"] >= 2  # blocks judged from the calls alone
+    assert stats["twin_lag_blocks"] <= 2
+    # every numbered request is a finished one, with its true output length, in arrival order
+    order = stream.channel.order
+    assert order.dropped >= 1  # the clients that gave up were never numbered
+    seen: dict[int, int] = {}
+    for part in collected:
+        for i, out in zip(part.index.tolist(), part.output_tokens.tolist(), strict=True):
+            seen[i] = out
+    truth = [d.output[f"p{n}"] for n in range(d.next_id) if f"p{n}" not in d.given_up]
+    numbered = sorted(seen)
+    assert numbered == list(range(numbered[0], numbered[-1] + 1))  # dense
+    for i in numbered:
+        assert seen[i] == truth[i]
+    # the last call's ids only: the pool and the running requests
+    assert len(stream.seen) == len(d.pool) + sum(len(w) for w in d.running)
+    # every call routed at the twin's weight (w = 0 until it had evidence)
+    assert d.weights[0] == 0.0 and all(w in (0.0, 0.5, 1.0) for w in d.weights)
+    twins.drop("a")
+    assert twins.stats() == []
+
+
+class _Stuck(LiveTwin):
+    """A twin whose step waits until released: the worker is busy inside a step."""
+
+    entered = threading.Event()
+    release = threading.Event()
+
+    def step(self) -> int:
+        _Stuck.entered.set()
+        _Stuck.release.wait(60)
+        return super().step()
+
+
+def test_routing_never_waits_for_a_twin_stuck_in_a_step():
+    twins = RouteTwins()
+    d = Dispatcher(twins, seed=1)
+    d.call()
+    channel = twins._streams[("a", "brh")].channel
+    channel.pending.clear()
+    group = TwinGroup(RouterSpec("brh", None, {"horizon": 8}), G, B)
+    channel.add(JOB, lambda: _Stuck(group, d.est))
+    worker = threading.Thread(target=_loop_until_released, args=(twins,), daemon=True)
+    worker.start()
+    try:
+        for _ in range(3000):  # until a block is complete: the worker steps and sticks
+            d.call()
+            if _Stuck.entered.is_set():
+                break
+        assert _Stuck.entered.is_set()
+        calls = d.k
+        for _ in range(50):  # the worker is inside a step: routing goes on at the weight
+            d.call()
+        assert d.k == calls + 50
+        assert channel.feed.events  # the calls' events wait in the feed, unprocessed
+        assert all(w == 0.0 for w in d.weights)
+    finally:
+        _Stuck.release.set()
+        worker.join(60)
+    assert not worker.is_alive()
+
+
+def _loop_until_released(twins: RouteTwins) -> None:
+    while not _Stuck.release.is_set():
+        if not twins.worker.run_once():
+            twins.worker.stopping.wait(0.002)
+
+
+@pytest.mark.server
+def test_a_real_service_twin_sees_completions_advances_and_is_in_metrics(module_server: Server):
+    """A dispatcher calling a real ``serve`` every iteration: the twin of (a, brh) numbers
+    the requests it saw finish, judges blocks in its background thread, and /metrics and
+    /v1/route/twins report it."""
+    with module_server.client() as c:
+        d = Dispatcher(None, seed=3, client=c)
+        for _ in range(600):
+            d.call()
+        twins: list[dict] = []
+        for _ in range(600):  # the worker catches up in the background
+            twins = c.get("/v1/route/twins").json()["twins"]
+            row = next(t for t in twins if (t["arm"], t["policy"]) == ("a", "brh"))
+            if row["twin_decisions"] >= 1:
+                break
+            time.sleep(0.1)
+        text = c.get("/metrics").text
+    assert row["twin_requests_numbered"] >= 128  # a block's worth of finished requests
+    assert row["twin_requests_numbered"] <= len(d.finished)
+    assert row["twin_decisions"] >= 1 and row["twin_cpu_s"] > 0
+    assert row["twin_weight"] in (0.0, 0.5, 1.0)
+    assert all(w in (0.0, 0.5, 1.0) for w in d.weights)
+    for name in ("weight", "blocks", "switches", "cpu_seconds", "lag_blocks"):
+        assert f'balanceroute_route_twin_{name}{{arm="a",policy="brh"}}' in text
+    assert "balanceroute_route_guard" not in text  # retired
+
+
+def test_without_the_twin_the_guard_steps_aside_and_without_both_the_estimator_is_used():
+    """``twin=false`` leaves a guard that cannot learn within one call: w = 0, exactly the
+    prediction-free decision; ``twin=false;guard=false`` uses the estimator as it is."""
+    est = _estimator()
+    rng = np.random.default_rng(5)
+    running = [[{"id": f"r{g}{i}", "prompt_tokens": int(rng.integers(10, 900)),
+                 "age": int(rng.integers(0, 8))} for i in range(2)] for g in range(G)]  # fmt: skip
+    pool = [{"id": f"p{i}", "prompt_tokens": int(rng.integers(10, 900))} for i in range(9)]
+
+    def run(options, estimator):
+        req = RouteRequest.model_validate(_body(3, running, pool, options))
+        return decide(req, estimator)
+
+    aside, described = run({"twin": False}, est)
+    assert described["blend_used"] == 0.0
+    assert aside == run({"twin": False}, None)[0]  # as brh:none
+    _, raw = run({"twin": False, "guard": False}, est)
+    assert "blend_used" not in raw

@@ -23,6 +23,7 @@ starts at ``w = 0`` as before, and the run says why.
 from __future__ import annotations
 
 import copy
+import logging
 import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -410,6 +411,18 @@ def prior_start(
     if prior.load != load:
         note += f" (this group runs {here}; the online test decides from here)"
     return PriorStart(prior_test(prior, config), note, stats)
+
+
+def live_start(
+    estimator: CompletionEstimator | None, workers: int, slots: int, config: TwinConfig
+) -> SequentialTest | None:
+    """Where a live twin (service, gateway) beside ``estimator`` starts: the model's prior for
+    this ``workers`` x ``slots`` group (saturated), else None (``w = 0``); logs which and why."""
+    begun = prior_start(estimator, workers, slots, None, config)
+    if begun is None:
+        return None
+    logging.getLogger("balanceroute.twin").info("%s", begun.note)
+    return begun.test
 
 
 def _load_distance(a: float | None, b: float | None) -> float:

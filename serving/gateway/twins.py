@@ -29,6 +29,7 @@ from balanceroute.router.lab.cost import CostModel
 from balanceroute.router.lab.twin import SequentialTest, TwinConfig, TwinGroup
 from balanceroute.router.lab.twin_compare import ArmComparison, ComparedArm
 from balanceroute.router.lab.twin_live import LiveTwin, TwinWorker, pending_limit
+from balanceroute.router.lab.twin_prior import live_start
 from balanceroute.router.policies.balance_route import BalanceRoutePolicy, guard_applies
 from balanceroute.serving.gateway.arms import Arm
 
@@ -73,6 +74,7 @@ class GatewayTwins:
         self.cost = cost or CostModel()
         self.ranks, self.slots, self.seed = ranks, slots, seed
         self.start_at = start
+        self._starts: dict[str, float | SequentialTest | None] = {}
         self.worker = TwinWorker()
         self.channel = self.worker.channel("gateway", pending_limit(cfg, ranks, slots))
         self.feed = self.channel.feed
@@ -103,7 +105,7 @@ class GatewayTwins:
         if label not in self.driven:
             return None
         job = self.channel.job(label)
-        return self._start_weight() if job is None else job.weight
+        return self._start_weight(label) if job is None else job.weight
 
     def apply(self, arm: Arm) -> None:
         """Before a decision: a driven arm's policy takes its twin's weight."""
@@ -119,6 +121,9 @@ class GatewayTwins:
         group = TwinGroup(arm.spec, self.ranks, self.slots, self.cost, self.seed)
         model = copy.deepcopy(local_model(arm))
         cfg, start = self.config, self.start_at
+        if start is None:  # the model's prior for this group, if it carries one
+            start = live_start(model, self.ranks, self.slots, cfg)
+        self._starts[arm.label] = start
         self.channel.add(arm.label, lambda: LiveTwin(group, model, cfg, start=start))
         if len(self.arms) > 1 and self.channel.job(COMPARISON) is not None:
             self._compare()
@@ -137,8 +142,8 @@ class GatewayTwins:
         cfg = self.config
         self.channel.add(COMPARISON, lambda: ArmComparison(compared, group, cfg))
 
-    def _start_weight(self) -> float:
-        s = self.start_at
+    def _start_weight(self, label: str) -> float:
+        s = self._starts.get(label, self.start_at)
         if isinstance(s, SequentialTest):
             return s.weight
         return self.config.start_weight if s is None else float(s)
@@ -156,7 +161,7 @@ class GatewayTwins:
         for label in sorted(self.driven):
             job = self.channel.job(label)
             if job is None:
-                row: dict[str, Any] = {"twin_weight": self._start_weight(), "twin_decisions": 0,
+                row: dict[str, Any] = {"twin_weight": self._start_weight(label), "twin_decisions": 0,
                                        "twin_switches": 0, "twin_cpu_s": 0.0,
                                        "twin_lag_blocks": 0}  # fmt: skip
             else:

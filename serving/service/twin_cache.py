@@ -25,6 +25,7 @@ from balanceroute.predict.base import CompletionEstimator
 from balanceroute.router.lab.cost import CostModel
 from balanceroute.router.lab.twin import SequentialTest, TwinConfig, TwinGroup
 from balanceroute.router.lab.twin_live import Channel, LiveTwin, TwinWorker, pending_limit
+from balanceroute.router.lab.twin_prior import live_start
 from balanceroute.router.policies.specs import RouterSpec
 from balanceroute.serving.service.decode import key_column
 from balanceroute.serving.service.route_schemas import RouteRequest
@@ -45,6 +46,7 @@ class _Seen:
 class _Stream:
     channel: Channel
     shape: tuple[int, int]
+    start: float | SequentialTest | None = None  # where its twin starts (a model's prior)
     seen: dict[Any, _Seen] = field(default_factory=dict)
     last_iteration: int = -1
 
@@ -92,10 +94,10 @@ class RouteTwins:
             stream = self._new_stream(key, req, g, b, estimator, lock)
         self._track(stream, req)
         job = stream.channel.job(JOB)
-        return self._start_weight() if job is None else job.weight
+        return self._start_weight(stream) if job is None else job.weight
 
-    def _start_weight(self) -> float:
-        s = self.start
+    def _start_weight(self, stream: _Stream) -> float:
+        s = stream.start
         if isinstance(s, SequentialTest):
             return s.weight
         return self.config.start_weight if s is None else float(s)
@@ -115,13 +117,16 @@ class RouteTwins:
         group = TwinGroup(RouterSpec(req.policy, None, options), g, b, self.cost, req.seed)
         model = getattr(estimator, "_estimator", estimator)  # the store's, not its lock wrapper
         cfg, start = self.config, self.start
+        if start is None:  # the model's prior for this group, if it carries one
+            with lock:
+                start = live_start(model, g, b, cfg)
 
         def make() -> LiveTwin:
             with lock:  # observe() updates the model under this lock
                 return LiveTwin(group, model, cfg, start=start)
 
         channel.add(JOB, make)
-        stream = self._streams[key] = _Stream(channel, (g, b))
+        stream = self._streams[key] = _Stream(channel, (g, b), start)
         return stream
 
     def _track(self, stream: _Stream, req: RouteRequest) -> None:
@@ -176,7 +181,7 @@ class RouteTwins:
             job = ch.job(JOB)
             row: dict[str, Any] = {"arm": arm, "policy": policy}
             if job is None:
-                row.update({"twin_weight": self._start_weight(), "twin_decisions": 0,
+                row.update({"twin_weight": self._start_weight(stream), "twin_decisions": 0,
                             "twin_switches": 0, "twin_cpu_s": 0.0, "twin_lag_blocks": 0})  # fmt: skip
             else:
                 row.update(job.stats())

@@ -13,14 +13,16 @@ import numpy as np
 from balanceroute.predict.factory import build_estimator
 from balanceroute.router.lab.twin import TwinConfig, TwinGroup
 from balanceroute.router.lab.twin_live import LiveTwin
+from balanceroute.router.lab.twin_prior import attach_priors
 from balanceroute.router.policies.specs import RouterSpec
 from balanceroute.serving.gateway.arms import Arm, Handle
 from balanceroute.serving.gateway.dispatch import Dispatcher
 from balanceroute.serving.gateway.metrics import GatewayMetrics
 from balanceroute.serving.gateway.state import LiveGroup
 from balanceroute.serving.gateway.switchback import Switchback, twin_agreement
-from balanceroute.serving.gateway.twins import COMPARISON, GatewayTwins, twin_drives
+from balanceroute.serving.gateway.twins import COMPARISON, GatewayTwins, local_model, twin_drives
 from tests.router.helpers import frame
+from tests.router.test_twin_prior import _prior
 
 G, B = 2, 3
 CFG = TwinConfig(block_requests=32, min_windows=3, cooldown=2, memory=8)
@@ -175,3 +177,24 @@ def test_the_switchback_and_the_twin_agree_or_not():
     assert out["a"]["verdict"] == "agree"
     assert out["b"]["verdict"] == "disagree" and out["b"]["same_side"] is False
     assert out["c"]["verdict"] == "undecided"
+
+
+def test_a_model_with_a_prior_for_this_group_starts_its_twin_there_and_another_shape_at_zero():
+    here, other = _arm(), _arm()
+    attach_priors(local_model(here), [_prior(1.0, G, B)])
+    attach_priors(local_model(other), [_prior(1.0, G + 1, B)])
+    started = {}
+    for name, arm in (("here", here), ("other", other)):
+        twins = GatewayTwins([arm], G, B, config=CFG)
+        assert twins.weight(LABEL) == started.setdefault(name, twins.weight(LABEL))
+        traffic = Traffic([arm], twins)
+
+        async def one(traffic: Traffic = traffic) -> None:
+            traffic.step()
+
+        asyncio.run(one())
+        twins.worker.run_once()  # the twin is made from the prior
+        job = twins.channel.job(LABEL)
+        assert isinstance(job, LiveTwin)
+        started[name] = (started[name], job.weight, traffic.blends[-1])
+    assert started == {"here": (1.0, 1.0, 1.0), "other": (0.0, 0.0, 0.0)}

@@ -12,11 +12,13 @@ import pytest
 from balanceroute.predict.survival import SurvivalEstimator
 from balanceroute.router.lab.twin import TwinGroup
 from balanceroute.router.lab.twin_live import LiveTwin
+from balanceroute.router.lab.twin_prior import attach_priors
 from balanceroute.router.policies.specs import RouterSpec
 from balanceroute.serving.service.route_schemas import RouteRequest
 from balanceroute.serving.service.snapshot import decide
 from balanceroute.serving.service.twin_cache import JOB, RouteTwins
 from tests.router.helpers import frame
+from tests.router.test_twin_prior import _prior
 from tests.serving.service.helpers import Server, post
 
 G, B = 2, 4
@@ -236,3 +238,18 @@ def test_without_the_twin_the_guard_steps_aside_and_without_both_the_estimator_i
     assert aside == run({"twin": False}, None)[0]  # as brh:none
     _, raw = run({"twin": False, "guard": False}, est)
     assert "blend_used" not in raw
+
+
+@pytest.mark.parametrize(("shape", "expected"), [((G, B), 1.0), ((G + 1, B), 0.0)])
+def test_a_model_with_a_prior_for_the_callers_group_routes_at_its_weight_from_the_first_call(
+    shape: tuple[int, int], expected: float
+):
+    twins = RouteTwins()
+    d = Dispatcher(twins)
+    attach_priors(d.est, [_prior(1.0, *shape)])
+    for _ in range(5):
+        d.call()
+        twins.worker.run_once()
+    job = twins._streams[("a", "brh")].channel.job(JOB)
+    assert isinstance(job, LiveTwin) and job.weight == expected
+    assert d.weights == [expected] * 5

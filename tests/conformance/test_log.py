@@ -55,7 +55,10 @@ def _wait_streaming(url: str, since: float, tokens: int = STREAMED, timeout_s: f
     ``since``: its streams are past their first token, so stopping it now cuts them."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        text = httpx.get(url + "/metrics", timeout=5).text
+        try:
+            text = httpx.get(url + "/metrics", timeout=10).text
+        except httpx.TimeoutException:  # a busy CPU engine answers late: ask again
+            continue
         running = metric(text, "vllm:num_requests_running")
         if running >= 1 and metric(text, "vllm:generation_tokens_total") >= since + tokens:
             return

@@ -253,7 +253,14 @@ def replay_candidate(
     imbalance, steady iterations and iterations (``estimator`` unused at ``w = 0``)."""
     options = {**group.router.options, "twin": False, "guard": False, "blend": w}
     spec = RouterSpec(group.router.router, group.router.estimator, options, label="twin")
-    policy = spec.build_policy(None if w == 0.0 else estimator)
+    return replay_block(released, spec.build_policy(None if w == 0.0 else estimator), group)
+
+
+def replay_block(
+    released: ReleasedRequests, policy: Policy, group: TwinGroup
+) -> tuple[float, float, int, int]:
+    """``policy``'s replay of a block on ``group`` from an empty group: steady and whole-run
+    mean imbalance, steady iterations and iterations (the twin's and the comparison's one replay)."""
     cfg = SimConfig(
         workers=group.workers,
         slots=group.slots,

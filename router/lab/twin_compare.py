@@ -23,14 +23,13 @@ from scipy import stats
 
 from balanceroute.predict.base import CompletionEstimator
 from balanceroute.router.lab.prefill import ReleasedRequests
-from balanceroute.router.lab.simulator import SimConfig, simulate
 from balanceroute.router.lab.twin import (
     MIN_STEADY,
     Finished,
     ShadowEstimator,
     TwinConfig,
     TwinGroup,
-    block_imbalance,
+    replay_block,
 )
 from balanceroute.router.policies.specs import RouterSpec
 from balanceroute.router.policies.state import RequestTable
@@ -177,18 +176,7 @@ class ArmComparison:
         policy = RouterSpec(spec.router, spec.estimator, options, label=arm.label).build_policy(
             shadow.snapshot() if spec.estimator is not None else None
         )
-        g = self.group
-        cfg = SimConfig(
-            workers=g.workers,
-            slots=g.slots,
-            cost=g.cost,
-            seed=g.seed,
-            validate=False,
-            record_loads=False,
-        )
-        result = simulate(released, policy, cfg)
-        s, a, n = block_imbalance(result)
-        return s, a, n, result.iterations
+        return replay_block(released, policy, self.group)
 
     def summary(self) -> dict[str, Any]:
         """Per arm: the paired ratio of its imbalance to the reference arm's, with interval

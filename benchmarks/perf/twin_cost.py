@@ -10,7 +10,8 @@ runs or not. Passes alternate without and with the live twin (ABBA, ``--passes 4
 a :class:`~balanceroute.router.lab.twin_live.TwinWorker` thread runs one
 :class:`~balanceroute.router.lab.twin_live.LiveTwin` fed as the gateway feeds it (arrivals,
 finishes, the live iteration), at the default budget (``work_ratio`` 5 simulated iterations
-per live iteration); its weight is reported, not applied.
+per live iteration, and the thread capped at ``--cpu-share`` of one core: 4% by default);
+its weight is reported, not applied.
 
 Reported: the twin thread's CPU (``time.thread_time``) as a share of one core over each
 pass's wall time (and from its first step on), its blocks judged, lag and dropped blocks, and
@@ -19,7 +20,7 @@ the medians with and without the twin; the load average before and after (the ma
 shared).
 
     .venv/bin/python benchmarks/perf/twin_cost.py [--seconds 300] [--passes 4] [--load 1.0]
-        [--work-ratio 5] [--steady-after 180]
+        [--work-ratio 5] [--cpu-share 0.04] [--steady-after 180]
 """
 
 from __future__ import annotations
@@ -124,15 +125,21 @@ def head(released: ReleasedRequests, seconds: float) -> ReleasedRequests:
 
 
 def one_pass(
-    estimator, released, seconds: float, twin: bool, work_ratio: float, steady_s: float
+    estimator,
+    released,
+    seconds: float,
+    twin: bool,
+    work_ratio: float,
+    steady_s: float,
+    cpu_share: float | None,
 ) -> dict[str, Any]:
     """One pass of ``seconds`` at real time; the step times and the twin's figures."""
     spec = RouterSpec.parse(SPEC)
     policy = spec.build_policy(copy.deepcopy(estimator))
-    cfg = TwinConfig(work_ratio=work_ratio)
+    cfg = TwinConfig(work_ratio=work_ratio, cpu_share=cpu_share)
     worker = None
     if twin:
-        worker = TwinWorker()
+        worker = TwinWorker(cpu_share=cfg.cpu_share)
         channel = worker.channel("live", pending_limit(cfg, G, B))
         group = TwinGroup(spec, G, B, CostModel())
         channel.add("twin", lambda: LiveTwin(group, estimator, cfg))
@@ -176,6 +183,7 @@ def one_pass(
             twin_weight=stats.get("twin_weight"),
             twin_iterations=stats.get("twin_iterations"),
             twin_cpu_s_in_steps=stats.get("twin_cpu_s"),
+            twin_capped_passes=worker.capped_passes,
         )
     return out
 
@@ -190,6 +198,12 @@ def main() -> None:
         type=float,
         default=TwinConfig().work_ratio,
         help="the twin's budget: simulated iterations per live iteration",
+    )
+    ap.add_argument(
+        "--cpu-share",
+        type=float,
+        default=TwinConfig().cpu_share,
+        help="the twin thread's cap, share of one core (0: no cap)",
     )
     ap.add_argument(
         "--steady-after",
@@ -214,8 +228,9 @@ def main() -> None:
     )
     load_before = os.getloadavg()
     order = [False, True, True, False] * (args.passes // 4 + 1)
+    cap = args.cpu_share or None
     passes = [
-        one_pass(estimator, released, args.seconds, twin, args.work_ratio, args.steady_after)
+        one_pass(estimator, released, args.seconds, twin, args.work_ratio, args.steady_after, cap)
         for twin in order[: args.passes]
     ]
     with_twin = [p["router_step_p50_us"] for p in passes if p["twin"]]
@@ -229,6 +244,7 @@ def main() -> None:
                 "group": {"G": G, "B": B, "cost": "default (about 60 ms a step)"},
                 "router": SPEC + " at w = 1 (fixed)",
                 "twin_budget_work_ratio": args.work_ratio,
+                "twin_cpu_share_cap": args.cpu_share or None,
                 "load": args.load,
                 "seconds_per_pass": args.seconds,
                 "loadavg_before": [round(x, 2) for x in load_before],

@@ -68,6 +68,10 @@ class TwinConfig:
     # G = 8, B = 64 group at 60 ms iterations on this machine (0.47 ms a twin iteration with
     # gbdt, benchmarks/perf/router_latency.py); a twin behind skips to the newest block
     work_ratio: float = 5.0
+    # the live twin's thread (service, gateway) uses at most this share of one core over its
+    # life: a step waits until the thread's CPU plus the last step's cost fits (issue 19's
+    # target is 5%; simulate and ab, which have no wall clock, ignore it); None: no cap
+    cpu_share: float | None = 0.04
     # share of an on-the-fly estimator's training portion the twin replays before the run
     # (its own estimator fits on the rest, the earlier part): evidence before the first
     # window, leakage-free (router/lab/twin_warmup.py); 0 turns the warm start off
@@ -82,6 +86,8 @@ class TwinConfig:
             raise ValueError(f"overlap must be >= 1, got {self.overlap}")
         if any(not 0.0 <= c <= 1.0 for c in self.candidates):
             raise ValueError(f"candidates must be in [0, 1], got {self.candidates}")
+        if self.cpu_share is not None and not 0.0 < self.cpu_share <= 1.0:
+            raise ValueError(f"cpu_share must be in (0, 1] or None, got {self.cpu_share}")
 
     def block_size(self, workers: int, slots: int) -> int:
         """Requests per block for a group of ``workers`` x ``slots``."""

@@ -6,7 +6,11 @@ appended to a deque) and a :class:`TwinWorker` thread does everything else: numb
 requests in arrival order, feeding them to the twins, and stepping each twin while it has
 budget: ``work_ratio`` simulated iterations per live iteration the program reports
 (:meth:`TwinFeed.tick`), as in ``simulate``. The thread runs at a lower CPU priority (nice 10)
-and reports its own CPU time (``time.thread_time``, the thread's, not the process's).
+and reports its own CPU time (``time.thread_time``, the thread's, not the process's). On top of
+the simulated budget, its CPU is capped (``TwinConfig.cpu_share`` of one core over its life): a
+step starts only when the thread's CPU so far plus the costliest step's fits the cap, so a twin
+whose replays cost more than expected (a slow estimator, a loaded machine) decides more slowly
+instead of taking more of the core.
 
 Memory is bounded (docs/design.md, "The twin live"): the feed holds at most ``max_pending``
 requests waiting for a number; a twin keeps at most :data:`MAX_LAG` complete blocks it has not
@@ -144,6 +148,7 @@ class Channel:
         self.errors: dict[str, str] = {}
         self.pending: deque[tuple[str, Callable[[], TwinJob] | None]] = deque()
         self.last_iteration: int | None = None
+        self.step_cpu_s = 0.0  # the costliest step so far: what the next one reserves
 
     def add(self, name: str, make: Callable[[], TwinJob]) -> None:
         """A job built by the worker (a model copy is not made on the routing path)."""
@@ -155,8 +160,9 @@ class Channel:
     def job(self, name: str) -> TwinJob | None:
         return self.jobs.get(name)
 
-    def service(self) -> bool:
-        """Build new jobs, feed them, step each one with budget once; whether it stepped."""
+    def service(self, may_step: bool = True) -> bool:
+        """Build new jobs, feed them, step each one with budget once (none when ``may_step``
+        is false: the CPU cap); whether it stepped."""
         while self.pending:
             name, make = self.pending.popleft()
             self.jobs.pop(name, None)
@@ -179,8 +185,10 @@ class Channel:
                 if rows is not None:
                     job.observe(rows)
                 job.credit += job.work_ratio * gained
-                if job.credit > 0 and job.ready():
+                if may_step and job.credit > 0 and job.ready():
+                    s0 = time.thread_time()
                     cost = job.step()
+                    self.step_cpu_s = max(self.step_cpu_s, time.thread_time() - s0)
                     job.credit = min(job.credit - cost, float(cost))
                     stepped = True
             except Exception as exc:  # a twin's bug must not stop the others
@@ -192,10 +200,14 @@ class Channel:
 
 
 class TwinWorker:
-    """The background thread of a program's twins: channels by key, each with its jobs."""
+    """The background thread of a program's twins: channels by key, each with its jobs, at
+    most ``cpu_share`` of one core over the thread's life (None: no cap)."""
 
-    def __init__(self, poll_s: float = POLL_S) -> None:
+    def __init__(self, poll_s: float = POLL_S, cpu_share: float | None = None) -> None:
         self.poll_s = poll_s
+        self.cpu_share = cpu_share
+        self.started: float | None = None  # when the thread started (the cap's clock)
+        self.capped_passes = 0  # passes whose steps waited for the cap
         self.channels: dict[Hashable, Channel] = {}
         self.lock = threading.Lock()  # the channel table only; never held by a step
         self.stopping = threading.Event()
@@ -231,14 +243,22 @@ class TwinWorker:
         if self.thread is not None:
             self.thread.join(timeout_s)
 
-    def run_once(self) -> bool:
+    def may_step(self, now: float) -> bool:
+        """Whether a step fits the CPU cap now: the thread's CPU so far plus the costliest
+        step's at most ``cpu_share`` of the time since the thread started."""
+        if self.cpu_share is None or self.started is None:
+            return True
+        reserve = max((ch.step_cpu_s for ch in list(self.channels.values())), default=0.0)
+        return self.cpu_s + reserve <= self.cpu_share * (now - self.started)
+
+    def run_once(self, may_step: bool = True) -> bool:
         """One pass over every channel (the thread's loop body; tests call it directly)."""
         t0 = time.thread_time()
         with self.lock:
             channels = list(self.channels.values())
         busy = False
         for ch in channels:
-            busy = ch.service() or busy
+            busy = ch.service(may_step) or busy
         self.cpu_s += time.thread_time() - t0
         return busy
 
@@ -247,9 +267,12 @@ class TwinWorker:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
         except (OSError, AttributeError):
             pass
+        self.started = time.monotonic()
         while not self.stopping.is_set():
+            may = self.may_step(time.monotonic())
+            self.capped_passes += not may
             try:
-                busy = self.run_once()
+                busy = self.run_once(may)
             except Exception:  # pragma: no cover - run_once catches the jobs' errors
                 log.exception("twin worker pass failed")
                 busy = False

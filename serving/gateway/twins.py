@@ -75,7 +75,7 @@ class GatewayTwins:
         self.ranks, self.slots, self.seed = ranks, slots, seed
         self.start_at = start
         self._starts: dict[str, float | SequentialTest | None] = {}
-        self.worker = TwinWorker()
+        self.worker = TwinWorker(cpu_share=cfg.cpu_share)
         self.channel = self.worker.channel("gateway", pending_limit(cfg, ranks, slots))
         self.feed = self.channel.feed
         self.arms = list(arms)
@@ -177,4 +177,5 @@ class GatewayTwins:
         return None if job is None else job.summary()
 
     def feed_stats(self) -> dict[str, Any]:
-        return {**self.channel.order.stats(), "worker_cpu_s": round(self.worker.cpu_s, 4)}
+        return {**self.channel.order.stats(), "worker_cpu_s": round(self.worker.cpu_s, 4),
+                "worker_capped_passes": self.worker.capped_passes}  # fmt: skip

@@ -64,7 +64,7 @@ class RouteTwins:
         self.config = config or TwinConfig()
         self.cost = cost or CostModel()
         self.start = start
-        self.worker = TwinWorker()
+        self.worker = TwinWorker(cpu_share=self.config.cpu_share)
         self._streams: dict[tuple[str, str], _Stream] = {}
 
     def run(self) -> None:

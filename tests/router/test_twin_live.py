@@ -4,6 +4,7 @@ memory bounded over a long feed, and the counterfactual comparison of arms."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -64,9 +65,12 @@ def test_finished_requests_are_numbered_densely_in_arrival_order(fates, order_se
 
 
 # ---- the live twin ----------------------------------------------------------------------------
-def _feed_stream(channel: Channel, worker: TwinWorker, n: int, seed: int, tick: bool):
+def _feed_stream(
+    channel: Channel, worker: TwinWorker, n: int, seed: int, tick: bool, step_from: int = 0
+):
     """``n`` requests arriving in time, each finishing after its output length (in steps of
-    0.05 s); the worker runs a pass after each live iteration. Yields after every pass."""
+    0.05 s); the worker runs a pass after each live iteration (stepping from pass
+    ``step_from`` on). Yields after every pass."""
     rng = np.random.default_rng(seed)
     feed = channel.feed
     running: list[tuple[int, int, float]] = []  # (ticket, output, finish time)
@@ -85,7 +89,7 @@ def _feed_stream(channel: Channel, worker: TwinWorker, n: int, seed: int, tick: 
             feed.finished(ticket, out, end)
         if tick:
             feed.tick(k)
-        worker.run_once()
+        worker.run_once(may_step=k >= step_from)
         yield k
 
 
@@ -182,3 +186,39 @@ def test_a_comparison_without_budget_stays_bounded():
     assert cf.summary()["blocks"] == 0 and cf.dropped > 50
     assert cf.count <= 4 * BLOCK
     assert all(len(s.heap) <= 4 * BLOCK for s in cf.shadows)
+
+
+# ---- the CPU cap ------------------------------------------------------------------------------
+def test_the_cpu_cap_holds_steps_until_the_threads_cpu_and_a_step_fit_its_share():
+    worker = TwinWorker(cpu_share=0.05)
+    channel = worker.channel("x", 16 * BLOCK)
+    assert worker.may_step(1e9)  # not started: tests and simulate step freely
+    worker.started = 100.0
+    worker.cpu_s = 1.0
+    channel.step_cpu_s = 0.5  # the costliest step so far is reserved
+    assert not worker.may_step(100.0 + 29.9)  # 1.5 s of CPU needs 30 s at 5%
+    assert worker.may_step(100.0 + 30.0)
+    assert TwinWorker(cpu_share=None).may_step(0.0)
+
+
+def test_a_capped_worker_feeds_its_twin_but_never_steps_it():
+    worker = TwinWorker(cpu_share=0.05)
+    channel = worker.channel("x", 16 * BLOCK)
+    group = TwinGroup(RouterSpec.parse("brh:survival{horizon=16}"), G, B)
+    channel.add("twin", lambda: LiveTwin(group, _estimator(), CFG))
+    for k in _feed_stream(channel, worker, 2100, seed=5, tick=True, step_from=1500):
+        if k == 1499:  # capped all along: fed, bounded, never stepped
+            stats = channel.job("twin").stats()
+            assert stats["twin_steps"] == 0 and channel.order.numbered > 1000
+            assert stats["twin_lag_blocks"] <= MAX_LAG
+            assert channel.step_cpu_s == 0.0
+    assert channel.job("twin").stats()["twin_steps"] > 0  # the cap lifted: it steps
+    assert channel.step_cpu_s > 0.0
+
+
+def test_twin_config_rejects_a_cpu_share_outside_one_core():
+    with pytest.raises(ValueError, match="cpu_share"):
+        TwinConfig(cpu_share=0.0)
+    with pytest.raises(ValueError, match="cpu_share"):
+        TwinConfig(cpu_share=1.5)
+    assert TwinConfig(cpu_share=None).cpu_share is None

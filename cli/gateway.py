@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Serve POST /v1/completions and /v1/chat/completions (streaming or not) and "
         "GET /v1/models in front of the data-parallel ranks of one decode group: requests wait "
         "in the gateway's pool and the router admits them, at most --slots in flight per rank. "
-        "Also /healthz, /readyz, /health (vLLM's probe, for a front router), /metrics, POST /admin/reload, GET /v1/ab. Every flag can be "
+        "Also /healthz, /readyz, /health (vLLM's probe, for a front router), /get_load, /get_server_info, /get_model_info (SGLang's, for a load-aware front router), /metrics, POST /admin/reload, GET /v1/ab. Every flag can be "
         "set as BALANCEROUTE_<FLAG>; BALANCEROUTE_API_TOKEN requires a bearer token on every "
         "endpoint but the probes, BALANCEROUTE_UPSTREAM_API_KEY is sent to the ranks.",
     )
@@ -110,6 +110,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="its body within this after the headers; else closed (60s)")  # fmt: skip
     s.add_argument("--idle-timeout", dest="idle_timeout_s", type=duration,
                    help="a kept-alive connection idle this long is closed (5s)")  # fmt: skip
+    s.add_argument("--get-load", choices=("sglang", "load"),
+                   help="shape of GET /get_load for a front router: SGLang's list per rank "
+                   "(sglang-router, the default) or {\"load\": n} (vllm-router)")  # fmt: skip
     s.add_argument("--log-level", help="log level (info)")
     s.add_argument(
         "--relay-workers", type=int, metavar="N",
@@ -125,7 +128,7 @@ FLAGS = ("ranks", "slots", "rank_header", "group_size", "router", "estimator", "
          "first_token_timeout_s", "chunk_timeout_s", "drain_timeout_s", "no_rank_wait_s",
          "arms", "switch_every_s", "warmup_s", "seed", "track", "host", "port", "out",
          "health_interval_s", "health_fall", "health_rise", "header_timeout_s", "body_timeout_s",
-         "idle_timeout_s", "log_level", "relay_workers")  # fmt: skip
+         "idle_timeout_s", "log_level", "relay_workers", "get_load")  # fmt: skip
 
 
 def settings_from_args(args: argparse.Namespace) -> GatewaySettings:

@@ -7,6 +7,7 @@ the router or the switchback arms, the estimator, and the gateway's own bounds.
 
 from __future__ import annotations
 
+from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
@@ -74,6 +75,11 @@ class GatewaySettings(ServiceSettings):
         description="start of each window left out of its figures (default: a quarter of it)",
     )
     seed: int = Field(default=0, ge=0, le=2**32 - 1, description="seed of the arm order")
+    get_load: Literal["sglang", "load"] = Field(
+        default="sglang",
+        description="shape of GET /get_load for a front router: SGLang's list per rank "
+        "(sglang-router) or {\"load\": n} (vllm-router)",
+    )
     tokenizer: str | None = Field(
         default=None, description="a Hugging Face tokenizer.json for exact prompt counts"
     )

@@ -95,10 +95,8 @@ async def chat_completions(request: Request) -> Response:
     return _queue(request.app.state.gateway, request, data, prompt, body, True)
 
 
-@router.get("/v1/models")
-async def models(request: Request) -> Response:
-    """The models the first rank in rotation lists (503 when none is)."""
-    gw: Gateway = request.app.state.gateway
+async def listed_models(gw: Gateway) -> bytes | None:
+    """``/v1/models`` of the first rank in rotation that answers it (None: none does)."""
     for g in range(gw.group.ranks):
         if not gw.group.healthy[g]:
             continue
@@ -109,7 +107,16 @@ async def models(request: Request) -> Response:
                                       timeout=timeout) as resp:  # fmt: skip
                 content = await resp.read()
                 if resp.status == 200:
-                    return Response(content, 200, media_type=JSON)
+                    return content
         except (aiohttp.ClientError, OSError, TimeoutError):
             continue
+    return None
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> Response:
+    """The models the first rank in rotation lists (503 when none is)."""
+    content = await listed_models(request.app.state.gateway)
+    if content is not None:
+        return Response(content, 200, media_type=JSON)
     return Response(error_body(503, "no rank in rotation answers /v1/models"), 503, media_type=JSON)

@@ -142,6 +142,30 @@ def test_vllm_router_reads_its_load_shape_and_renders(tmp_path: Path):
 
 
 @needs_peers
+def test_a_load_aware_front_router_reads_the_gateways_loads_and_model(tmp_path: Path):
+    """sglang-router's power_of_two in front of two groups' gateways: the model by name (not
+    ``unknown``, from each gateway's /get_server_info) and each group's load (its /get_load)."""
+    emus = [Emulator(tmp_path / f"emu{g}.out", ranks=2, slots=2, time_scale=20.0) for g in (0, 1)]
+    gateways, peer = [], None
+    try:
+        for g, emu in enumerate(emus):
+            gateways.append(GatewayProcess(tmp_path / f"gw{g}.out", emu.urls, "--slots", "2",
+                                           "--no-mlflow", "--out", str(tmp_path / f"gw{g}")))  # fmt: skip
+        peer = Peer("sglang", "power_of_two", [gw.url for gw in gateways], tmp_path / "front.out")
+        assert {w["model_id"] for w in peer.workers} == {"balanceroute-emulator"}
+        for _ in range(4):
+            assert complete(peer.url).status_code == 200
+        assert all(load >= 0 for load in peer.loads())  # -1: a gateway's /get_load failed
+    finally:
+        if peer is not None:
+            peer.stop()
+        for gw in gateways:
+            gw.stop()
+        for emu in emus:
+            emu.stop()
+
+
+@needs_peers
 @pytest.mark.slow  # two groups and their gateways: test_horizontal.py checks the topology anyway
 def test_a_peer_router_in_front_of_two_groups_gateways(tmp_path: Path):
     emus = [Emulator(tmp_path / f"emu{g}.out", ranks=2, slots=2, time_scale=20.0) for g in (0, 1)]

@@ -66,10 +66,13 @@ from live_gateway import (
 )
 
 ROUTERS = ("count-jsq", "brh:none")
+VIEW_KEYS = ("tick_gap_", "view_error_", "forward_lag_", "finish_heard_lag_")  # gateway_view()
 # uvicorn re-raises SIGTERM after its shutdown: a handler of ours turns it into SystemExit, which
 # cProfile.run catches before writing the profile
-PROFILED = ("import signal, sys, cProfile; from balanceroute.cli import main; "
-            "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); cProfile.run('main()', {out!r})")
+PROFILED = (
+    "import signal, sys, cProfile; from balanceroute.cli import main; "
+    "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); cProfile.run('main()', {out!r})"
+)
 
 
 def mode_args(mode: str) -> list[str]:
@@ -245,7 +248,9 @@ def one_run(urls_mode: str | None, router: str | None, trace: Path, n: int, ts: 
         "completed": summary["completed"],
         "failed": summary["failed"],
         "steady_imbalance": figs["steady_imbalance"],
+        "steady_iterations": figs["steady_iterations"],
         "idle_slots_while_waiting_p50": figs["idle_slots_while_waiting_p50"],
+        **{k: v for k, v in figs.items() if k.startswith(VIEW_KEYS)},
         "relayed_tokens": tokens,
         **overrun(out / "emulator", ts),
     }
@@ -333,6 +338,10 @@ def _f(value: Any, fmt: str = ".3f") -> str:
     return "n/a" if value is None else format(value, fmt)
 
 
+def _pair(row: dict[str, Any], key: str, fmt: str) -> str:
+    return f"{_f(row.get(key + '_p50'), fmt)} / {_f(row.get(key + '_p90'), fmt)}"
+
+
 def render(result: dict[str, Any]) -> str:
     """The tables of ``docs/results.md`` from a saved (reanalyzed) result."""
     lines = []
@@ -360,6 +369,18 @@ def render(result: dict[str, Any]) -> str:
                 f" {row.get('resyncs', 'n/a')} | {_f(row.get('steady_imbalance'), ',.0f')} | "
                 f"{_f(row.get('idle_slots_while_waiting_p50'), '.0f')} | {cpu} |"
             )
+        lines += ["", "| run | steady iterations | view error p50 / p90 | admission to the rank p50 / p90 "
+                  "(ms) | last token to the gateway p50 / p90 (ms) | tick gap while waiting p50 / p90 "
+                  "(ms) |", "|---|---|---|---|---|---|"]  # fmt: skip
+        for label, row in runs.items():
+            if "imbalance_ratio" in label or label == "direct" or label == "nginx":
+                continue
+            lines.append(
+                f"| {label} | {row.get('steady_iterations', 'n/a')} | "
+                f"{_pair(row, 'view_error', '.1%')} | {_pair(row, 'forward_lag_ms', '.1f')} | "
+                f"{_pair(row, 'finish_heard_lag_ms', '.1f')} | "
+                f"{_pair(row, 'tick_gap_waiting_ms', '.1f')} |"
+            )
         ratios = [f"{k.split('/')[0]} {_f(v['live'])} (sim {_f(v['sim'])})"
                   for k, v in runs.items() if "imbalance_ratio" in k]  # fmt: skip
         if ratios:
@@ -382,7 +403,7 @@ def main() -> None:
     p.add_argument("--time-scales", default="1,4,16")
     p.add_argument("--modes", default="single,relay1,relay2")
     p.add_argument("--routers", default=",".join(ROUTERS))
-    p.add_argument("--requests", type=int, default=800)
+    p.add_argument("--requests", type=int, default=2000)
     p.add_argument("--train", type=int, default=3000)
     p.add_argument("--load", type=float, default=1.1)
     p.add_argument("--ttft-requests", type=int, default=150)

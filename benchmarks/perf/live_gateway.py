@@ -191,17 +191,33 @@ def live_arm(name: str, router: str | None, trace: Path, n: int, ts: float, out:
     return live_figures(out, summary, ts, step, n)
 
 
-def live_figures(out: Path, summary: dict, ts: float, step: float | None, n: int) -> dict:
-    iterations, requests = read_log(out / "emulator")
-    loads = rank_matrix(iterations, "loads").astype(np.float64)
+def steady_mask(out: Path, iterations: pd.DataFrame) -> np.ndarray:
+    """The live steady iterations (module docstring): a request waits at a rank or, as the
+    iteration starts, in the gateway's pool (its last tick sample before)."""
     waiting = rank_matrix(iterations, "waiting").sum(axis=1) > 0
     ticks_file = out / "gateway" / "ticks.parquet"
     if ticks_file.exists():
         epoch = json.loads((out / "emulator" / "config.json").read_text())["epoch"]
-        ticks = pd.read_parquet(ticks_file)
+        ticks = pd.read_parquet(ticks_file, columns=["time_s", "pool"])
         at = np.searchsorted(ticks["time_s"].to_numpy(), epoch + iterations["start_s"].to_numpy())
         pool = np.where(at > 0, ticks["pool"].to_numpy()[np.maximum(at - 1, 0)], 0)
         waiting |= pool > 0
+    return waiting
+
+
+def steady_series(out: Path) -> np.ndarray:
+    """The imbalance ``G max - sum`` of every live steady iteration, in order (for intervals)."""
+    iterations, _ = read_log(out / "emulator")
+    loads = rank_matrix(iterations, "loads").astype(np.float64)
+    imb = loads.shape[1] * loads.max(axis=1) - loads.sum(axis=1)
+    return imb[steady_mask(out, iterations)]
+
+
+def live_figures(out: Path, summary: dict, ts: float, step: float | None, n: int) -> dict:
+    iterations, requests = read_log(out / "emulator")
+    loads = rank_matrix(iterations, "loads").astype(np.float64)
+    waiting = steady_mask(out, iterations)
+    ticks_file = out / "gateway" / "ticks.parquet"
     imb, n_steady = steady_imbalance(loads, waiting)
     view = gateway_view(out, iterations, requests) if ticks_file.exists() else {}
     running = rank_matrix(iterations, "running").sum(axis=1)

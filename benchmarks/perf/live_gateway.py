@@ -54,7 +54,7 @@ from balanceroute.router.lab.prefill import ReleasedRequests, rate_scale_for_loa
 from balanceroute.router.lab.simulator import SimConfig, simulate
 from balanceroute.router.policies.specs import RouterSpec
 from balanceroute.router.policies.state import RequestTable
-from balanceroute.serving.testbed.emulator.iterlog import rank_matrix, read_log
+from balanceroute.serving.testbed.emulator.iterlog import loads_at, rank_matrix, read_log
 from balanceroute.serving.testbed.harness import ServerProcess, clean_env, free_port, free_ports
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
@@ -191,18 +191,35 @@ def live_arm(name: str, router: str | None, trace: Path, n: int, ts: float, out:
     return live_figures(out, summary, ts, step, n)
 
 
-def live_figures(out: Path, summary: dict, ts: float, step: float | None, n: int) -> dict:
-    iterations, requests = read_log(out / "emulator")
-    loads = rank_matrix(iterations, "loads").astype(np.float64)
+def steady_mask(out: Path, iterations: pd.DataFrame) -> np.ndarray:
+    """The live steady iterations (module docstring): a request waits at a rank or, as the
+    iteration starts, in the gateway's pool (its last tick sample before)."""
     waiting = rank_matrix(iterations, "waiting").sum(axis=1) > 0
     ticks_file = out / "gateway" / "ticks.parquet"
     if ticks_file.exists():
         epoch = json.loads((out / "emulator" / "config.json").read_text())["epoch"]
-        ticks = pd.read_parquet(ticks_file)
+        ticks = pd.read_parquet(ticks_file, columns=["time_s", "pool"])
         at = np.searchsorted(ticks["time_s"].to_numpy(), epoch + iterations["start_s"].to_numpy())
         pool = np.where(at > 0, ticks["pool"].to_numpy()[np.maximum(at - 1, 0)], 0)
         waiting |= pool > 0
+    return waiting
+
+
+def steady_series(out: Path) -> np.ndarray:
+    """The imbalance ``G max - sum`` of every live steady iteration, in order (for intervals)."""
+    iterations, _ = read_log(out / "emulator")
+    loads = rank_matrix(iterations, "loads").astype(np.float64)
+    imb = loads.shape[1] * loads.max(axis=1) - loads.sum(axis=1)
+    return imb[steady_mask(out, iterations)]
+
+
+def live_figures(out: Path, summary: dict, ts: float, step: float | None, n: int) -> dict:
+    iterations, requests = read_log(out / "emulator")
+    loads = rank_matrix(iterations, "loads").astype(np.float64)
+    waiting = steady_mask(out, iterations)
+    ticks_file = out / "gateway" / "ticks.parquet"
     imb, n_steady = steady_imbalance(loads, waiting)
+    view = gateway_view(out, iterations, requests) if ticks_file.exists() else {}
     running = rank_matrix(iterations, "running").sum(axis=1)
     idle = G * B - running[waiting]  # slots the engine had free while requests waited
     busy = float(iterations["duration_s"].sum())  # model seconds with work (no idle)
@@ -230,7 +247,48 @@ def live_figures(out: Path, summary: dict, ts: float, step: float | None, n: int
         "median_ttft_ms_wall": summary["median_ttft_ms"],
         "idle_slots_while_waiting_p50": float(np.median(idle)) if idle.size else None,
         "iteration_wall_ms_p50": float(np.median(np.diff(iterations["end_s"].to_numpy())) * 1e3),
+        **view,
     }
+
+
+def gateway_view(out: Path, iterations: pd.DataFrame, requests: pd.DataFrame) -> dict[str, Any]:
+    """How closely and how promptly the gateway followed the engine, from its tick samples and
+    logs beside the emulator's: the relative L1 error of its per-rank loads against the engine's
+    at each tick with requests running (median, p90; ``--tick`` samples, ticks of older runs
+    without the per-rank view give none); the gap between ticks while requests wait (p50, p90:
+    a late tick is a busy event loop); the time from an admission (the client's request leaving
+    the pool) to the rank receiving it, and from the rank's last token to the gateway logging
+    the finish (p50, p90, ms)."""
+    epoch = json.loads((out / "emulator" / "config.json").read_text())["epoch"]
+    ticks = pd.read_parquet(out / "gateway" / "ticks.parquet")
+    t = ticks["time_s"].to_numpy() - epoch
+    gaps = np.diff(t)[ticks["pool"].to_numpy()[1:] > 0] * 1e3
+    row: dict[str, Any] = {
+        "tick_gap_waiting_ms_p50": float(np.median(gaps)) if gaps.size else None,
+        "tick_gap_waiting_ms_p90": float(np.percentile(gaps, 90)) if gaps.size else None,
+    }
+    if "loads" in ticks.columns:
+        seen = np.stack(ticks["loads"].to_numpy()).astype(np.float64)
+        truth = loads_at(iterations, requests, t, G)
+        busy = truth.sum(axis=1) > 0
+        err = np.abs(seen - truth).sum(axis=1)[busy] / truth.sum(axis=1)[busy]
+        row["view_error_p50"] = float(np.median(err)) if err.size else None
+        row["view_error_p90"] = float(np.percentile(err, 90)) if err.size else None
+    comp = out / "gateway" / "completions"
+    if comp.exists():
+        origin = json.loads((comp / "log.json").read_text())["origin_epoch_s"]
+        gw = pd.concat([pd.read_parquet(p) for p in sorted(comp.glob("part-*.parquet"))])
+        gw = canonical_columns(gw).set_index("request_id")
+        rq = requests.drop_duplicates("request_id", keep=False).set_index("request_id")
+        mine = gw[["arrival_s", "queue_delay_s", "finish_s"]].add_suffix("_gateway")
+        both = rq.join(mine, how="inner")
+        sent = origin + both["arrival_s_gateway"] + both["queue_delay_s_gateway"] - epoch
+        forward = (both["recv_s"] - sent).to_numpy() * 1e3
+        heard = (origin + both["finish_s_gateway"] - epoch - both["finish_s"]).to_numpy() * 1e3
+        for name, v in (("forward_lag_ms", forward), ("finish_heard_lag_ms", heard)):
+            row[f"{name}_p50"] = float(np.median(v)) if v.size else None
+            row[f"{name}_p90"] = float(np.percentile(v, 90)) if v.size else None
+    return row
 
 
 def _outside_the_engine_ms(bench_dir: Path, emulator_dir: Path) -> np.ndarray:

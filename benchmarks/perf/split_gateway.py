@@ -45,31 +45,41 @@ import psutil
 
 from balanceroute.features.trace_io import write_trace
 from balanceroute.features.workload import WorkloadSpec, load_workload
+from balanceroute.router.lab.cost import cost_preset
+from balanceroute.router.lab.prefill import ReleasedRequests
+from balanceroute.router.lab.simulator import SimConfig, simulate
+from balanceroute.router.policies.specs import RouterSpec
 from balanceroute.serving.testbed.emulator.iterlog import rank_matrix, read_log
 from balanceroute.serving.testbed.harness import ServerProcess, clean_env, free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from live_gateway import (
     CLI,
+    COST,
     DATA,
     TRACES,
     B,
     G,
     _outside_the_engine_ms,
     bench,
+    gateway_view,
     live_figures,
     rebased,
     released,
     sim_arm,
     start_emulator,
+    steady_series,
     stop,
 )
 
 ROUTERS = ("count-jsq", "brh:none")
+VIEW_KEYS = ("tick_gap_", "view_error_", "forward_lag_", "finish_heard_lag_")  # gateway_view()
 # uvicorn re-raises SIGTERM after its shutdown: a handler of ours turns it into SystemExit, which
 # cProfile.run catches before writing the profile
-PROFILED = ("import signal, sys, cProfile; from balanceroute.cli import main; "
-            "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); cProfile.run('main()', {out!r})")
+PROFILED = (
+    "import signal, sys, cProfile; from balanceroute.cli import main; "
+    "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); cProfile.run('main()', {out!r})"
+)
 
 
 def mode_args(mode: str) -> list[str]:
@@ -194,17 +204,28 @@ def engine_view(run_dir: Path, ts: float) -> dict[str, Any]:
     }
 
 
-def reanalyze(old: dict[str, Any], out: Path) -> dict[str, Any]:
-    """A saved run with :func:`engine_view` added to every run, from ``out``'s logs."""
+def reanalyze(old: dict[str, Any], out: Path, load: float) -> dict[str, Any]:
+    """A saved run with :func:`engine_view` and the gateway's view added to every run, and
+    BR-H's ratios with their intervals, from ``out``'s logs."""
     for key, runs in old["runs"].items():
         name, scale = key.split("/")
         ts = float(scale[1:])
+        replay = pd.read_parquet(out / name / "replay.parquet")
+        rel, _ = released(replay, load)
+        series = {r: sim_series(rel, r) for r in ROUTERS}
         for label, row in runs.items():
             if "imbalance_ratio" in label:
                 continue
             mode, _, router = label.partition("/")
             suffix = mode if not router else f"{mode}-{router.replace(':', '-')}"
-            row.update(engine_view(out / name / f"{scale}-{suffix}", ts))
+            run_dir = out / name / f"{scale}-{suffix}"
+            row.update(engine_view(run_dir, ts))
+            if (run_dir / "gateway" / "ticks.parquet").exists():
+                it, rq = read_log(run_dir / "emulator")
+                row.update(gateway_view(run_dir, it, rq))
+        for mode in {k.split("/")[0] for k in runs if "/" in k and "imbalance" not in k}:
+            if all(f"{mode}/{r}" in runs for r in ROUTERS):
+                runs[f"{mode}/brh_imbalance_ratio"] = brh_ratio(mode, out / name, scale, series)
     old["reanalyzed"] = True
     return old
 
@@ -245,7 +266,9 @@ def one_run(urls_mode: str | None, router: str | None, trace: Path, n: int, ts: 
         "completed": summary["completed"],
         "failed": summary["failed"],
         "steady_imbalance": figs["steady_imbalance"],
+        "steady_iterations": figs["steady_iterations"],
         "idle_slots_while_waiting_p50": figs["idle_slots_while_waiting_p50"],
+        **{k: v for k, v in figs.items() if k.startswith(VIEW_KEYS)},
         "relayed_tokens": tokens,
         **overrun(out / "emulator", ts),
     }
@@ -333,6 +356,14 @@ def _f(value: Any, fmt: str = ".3f") -> str:
     return "n/a" if value is None else format(value, fmt)
 
 
+def _ci(ci: list[float] | None) -> str:
+    return "" if not ci else f"[{ci[0]:.3f}, {ci[1]:.3f}]"
+
+
+def _pair(row: dict[str, Any], key: str, fmt: str) -> str:
+    return f"{_f(row.get(key + '_p50'), fmt)} / {_f(row.get(key + '_p90'), fmt)}"
+
+
 def render(result: dict[str, Any]) -> str:
     """The tables of ``docs/results.md`` from a saved (reanalyzed) result."""
     lines = []
@@ -360,7 +391,20 @@ def render(result: dict[str, Any]) -> str:
                 f" {row.get('resyncs', 'n/a')} | {_f(row.get('steady_imbalance'), ',.0f')} | "
                 f"{_f(row.get('idle_slots_while_waiting_p50'), '.0f')} | {cpu} |"
             )
-        ratios = [f"{k.split('/')[0]} {_f(v['live'])} (sim {_f(v['sim'])})"
+        lines += ["", "| run | steady iterations | view error p50 / p90 | admission to the rank p50 / p90 "
+                  "(ms) | last token to the gateway p50 / p90 (ms) | tick gap while waiting p50 / p90 "
+                  "(ms) |", "|---|---|---|---|---|---|"]  # fmt: skip
+        for label, row in runs.items():
+            if "imbalance_ratio" in label or label == "direct" or label == "nginx":
+                continue
+            lines.append(
+                f"| {label} | {row.get('steady_iterations', 'n/a')} | "
+                f"{_pair(row, 'view_error', '.1%')} | {_pair(row, 'forward_lag_ms', '.1f')} | "
+                f"{_pair(row, 'finish_heard_lag_ms', '.1f')} | "
+                f"{_pair(row, 'tick_gap_waiting_ms', '.1f')} |"
+            )
+        ratios = [f"{k.split('/')[0]} {_f(v['live'])} {_ci(v.get('live_ci95'))} (sim "
+                  f"{_f(v['sim'])} {_ci(v.get('sim_ci95'))}; live/sim {_f(v.get('live_over_sim'), '.2f')})"
                   for k, v in runs.items() if "imbalance_ratio" in k]  # fmt: skip
         if ratios:
             lines += ["", "BR-H's steady imbalance over `count-jsq`'s, live: " + "; ".join(ratios)]
@@ -382,7 +426,7 @@ def main() -> None:
     p.add_argument("--time-scales", default="1,4,16")
     p.add_argument("--modes", default="single,relay1,relay2")
     p.add_argument("--routers", default=",".join(ROUTERS))
-    p.add_argument("--requests", type=int, default=800)
+    p.add_argument("--requests", type=int, default=2000)
     p.add_argument("--train", type=int, default=3000)
     p.add_argument("--load", type=float, default=1.1)
     p.add_argument("--ttft-requests", type=int, default=150)
@@ -397,7 +441,7 @@ def main() -> None:
         return
     if args.reanalyze:
         old = json.loads(Path(args.reanalyze).read_text())
-        print(json.dumps(reanalyze(old, Path(args.out)), indent=2, default=float))
+        print(json.dumps(reanalyze(old, Path(args.out), args.load), indent=2, default=float))
         return
     out = Path(args.profile or args.out)
     names = [t for t in args.traces.split(",") if t]
@@ -424,6 +468,7 @@ def main() -> None:
         rel, _ = released(replay, args.load)
         sim = {r: sim_arm(rel, r, None)["steady_imbalance"] for r in routers}
         result.setdefault("sim_steady_imbalance", {})[name] = sim
+        series = {r: sim_series(rel, r) for r in ROUTERS if r in routers}
         for ts in scales:
             runs: dict[str, Any] = {}
             runs["direct"] = one_run(None, None, trace, args.requests, ts, args.load,
@@ -440,12 +485,9 @@ def main() -> None:
                     print(name, ts, mode, r, json.dumps(runs[f"{mode}/{r}"]), file=sys.stderr,
                           flush=True)  # fmt: skip
                 if "count-jsq" in routers and "brh:none" in routers:
-                    live = _ratio(runs[f"{mode}/brh:none"]["steady_imbalance"],
-                                  runs[f"{mode}/count-jsq"]["steady_imbalance"])  # fmt: skip
-                    runs[f"{mode}/brh_imbalance_ratio"] = {
-                        "live": live,
-                        "sim": _ratio(sim["brh:none"], sim["count-jsq"]),
-                    }
+                    runs[f"{mode}/brh_imbalance_ratio"] = brh_ratio(
+                        mode, folder, f"x{ts:g}", series
+                    )
             result["runs"][f"{name}/x{ts:g}"] = runs
     if not args.profile and not args.no_ttft:
         first = out / names[0] / "replay.parquet"
@@ -456,6 +498,54 @@ def main() -> None:
     result["wall_s"] = time.time() - t0
     result["loadavg_after"] = os.getloadavg()
     print(json.dumps(result, indent=2, default=float))
+
+
+BLOCK = 64  # iterations per bootstrap block: longer than a request's typical stay's effect
+RESAMPLES = 2000
+
+
+def ratio_interval(a: np.ndarray, b: np.ndarray, seed: int = 0) -> list[float] | None:
+    """A 95% moving-block bootstrap interval of ``mean(a) / mean(b)`` (two runs' steady
+    imbalance series, each resampled in blocks of :data:`BLOCK` consecutive steady iterations:
+    neighbouring iterations are far from independent)."""
+    if a.size < BLOCK or b.size < BLOCK:
+        return None
+    rng = np.random.default_rng(seed)
+
+    def means(x: np.ndarray) -> np.ndarray:
+        blocks = np.lib.stride_tricks.sliding_window_view(x, BLOCK).mean(axis=1)
+        k = max(1, x.size // BLOCK)
+        return blocks[rng.integers(0, blocks.size, (RESAMPLES, k))].mean(axis=1)
+
+    r = means(a) / np.maximum(means(b), 1e-9)
+    return [float(np.percentile(r, 2.5)), float(np.percentile(r, 97.5))]
+
+
+def sim_series(rel: ReleasedRequests, spec: str) -> np.ndarray:
+    """The simulator's steady imbalance series (pool non-empty after admission) of ``spec``
+    without an estimator (as ``sim_arm``)."""
+    rs = RouterSpec.parse(spec)
+    result = simulate(rel, rs.build_policy(None), SimConfig(G, B, cost_preset(COST)))
+    loads = result.loads
+    imb = loads.shape[1] * loads.max(axis=1) - loads.sum(axis=1)
+    return imb[result.waiting > 0]
+
+
+def brh_ratio(mode: str, folder: Path, scale: str, sim: dict[str, np.ndarray]) -> dict[str, Any]:
+    """BR-H's steady imbalance over ``count-jsq``'s in ``mode``, live and simulated, each with
+    its 95% block-bootstrap interval, and the live ratio over the simulator's."""
+    live = {r: steady_series(folder / f"{scale}-{mode}-{r.replace(':', '-')}") for r in ROUTERS}
+    lr = _ratio(float(live["brh:none"].mean()) if live["brh:none"].size else None,
+                float(live["count-jsq"].mean()) if live["count-jsq"].size else None)  # fmt: skip
+    sr = _ratio(float(sim["brh:none"].mean()), float(sim["count-jsq"].mean()))
+    return {
+        "live": lr,
+        "live_ci95": ratio_interval(live["brh:none"], live["count-jsq"]),
+        "sim": sr,
+        "sim_ci95": ratio_interval(sim["brh:none"], sim["count-jsq"]),
+        "live_over_sim": _ratio(lr, sr),
+        "steady_iterations_live": {r: int(v.size) for r, v in live.items()},
+    }
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:

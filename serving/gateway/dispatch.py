@@ -18,9 +18,10 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import numpy as np
+import pyarrow as pa
 
 from balanceroute.router.policies.admission import admission_violation
 from balanceroute.router.policies.policy import RunContext
@@ -68,8 +69,9 @@ class Dispatcher:
         self.violations = 0
         self._scheduled = False
         self._fallbacks: dict[str, int] = dict.fromkeys(self.arms, 0)
-        # (epoch s, pool size, imbalance, arm) every tick, written to OUT/ticks.parquet
-        self.ticks: deque[tuple[float, int, float, str]] = deque(maxlen=TICK_SAMPLES)
+        # (epoch s, pool size, imbalance, arm, view) every tick, written to OUT/ticks.parquet;
+        # view: the per-rank loads then running counts as int32 bytes (compact for long runs)
+        self.ticks: deque[tuple[float, int, float, str, bytes]] = deque(maxlen=TICK_SAMPLES)
 
     # ---- requests -------------------------------------------------------------------------
     def waiter(self, position: int) -> asyncio.Future[int]:
@@ -163,7 +165,9 @@ class Dispatcher:
 
     # ---- the tick -------------------------------------------------------------------------
     def sample(self) -> float:
-        """Per-rank loads and the live imbalance (max minus mean load) into the metrics."""
+        """Per-rank loads and the live imbalance (max minus mean load) into the metrics, and
+        the tick's sample (with the per-rank view the live benchmark checks against the
+        engine's iteration log)."""
         now = self.clock()
         group = self.group
         loads = group.loads()
@@ -176,7 +180,8 @@ class Dispatcher:
             m.load.labels(str(g)).set(float(loads[g]))
             m.running.labels(str(g)).set(int(group.inflight[g]))
         self.switchback.sample(imbalance, now)
-        self.ticks.append((time.time(), group.pool.size, imbalance, label))
+        view = np.concatenate((loads, group.inflight)).astype(np.int32).tobytes()
+        self.ticks.append((time.time(), group.pool.size, imbalance, label, view))
         self._count_fallbacks()
         return imbalance
 
@@ -205,6 +210,25 @@ class Dispatcher:
             a: (float(np.median(np.asarray(v))) / 1e3 if v else None)
             for a, v in self.step_ns.items()
         }
+
+
+def tick_table(ticks: Iterable[tuple[float, int, float, str, bytes]], ranks: int) -> pa.Table:
+    """The tick samples as ``OUT/ticks.parquet``: ``time_s`` (epoch), ``pool``, ``imbalance``
+    (max minus mean load), ``arm``, and the gateway's view per rank, ``loads`` (KV tokens) and
+    ``running`` (requests it holds on the rank), as lists of ``ranks``."""
+    rows = list(ticks)
+    view = np.frombuffer(b"".join(r[4] for r in rows), dtype=np.int32).reshape(len(rows), 2 * ranks)
+    offsets = pa.array(np.arange(len(rows) + 1, dtype=np.int32) * ranks)
+    return pa.table(
+        {
+            "time_s": pa.array([r[0] for r in rows], pa.float64()),
+            "pool": pa.array([r[1] for r in rows], pa.int64()),
+            "imbalance": pa.array([r[2] for r in rows], pa.float64()),
+            "arm": pa.array([r[3] for r in rows], pa.string()),
+            "loads": pa.ListArray.from_arrays(offsets, pa.array(view[:, :ranks].ravel())),
+            "running": pa.ListArray.from_arrays(offsets, pa.array(view[:, ranks:].ravel())),
+        }
+    )
 
 
 def _columns(batch: list[Departure]) -> tuple[np.ndarray, np.ndarray]:

@@ -4,8 +4,9 @@ The parts (each its own module): the live group and pool (:mod:`.state`), the de
 (:mod:`.dispatch`), the arms and their estimators (:mod:`.arms`), the switchback
 (:mod:`.switchback`), rank health (:mod:`.health`), the completion log (:mod:`.completions`),
 metrics (:mod:`.metrics`) and prompt counting (:mod:`.tokens`). At shutdown ``OUT/ticks.parquet``
-keeps every tick's sample (epoch time, pool size, imbalance, arm): what the live benchmark aligns
-with the engine's iterations to tell when requests were waiting at the gateway. Requests themselves are run by
+keeps every tick's sample (epoch time, pool size, imbalance, arm, and the per-rank loads and running
+counts the gateway sees): what the live benchmark aligns with the engine's iterations to tell when
+requests were waiting at the gateway, and how far the gateway's view was from the engine's. Requests themselves are run by
 :mod:`.relay`. Model reloads (:mod:`.reload`) load off the event loop and swap between two decisions.
 """
 
@@ -19,14 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pandas as pd
-import pyarrow as pa
 
 from balanceroute.features.errors import UserError
 from balanceroute.features.files import write_parquet
 from balanceroute.serving.gateway.arms import Arm
 from balanceroute.serving.gateway.completions import CompletionLog
-from balanceroute.serving.gateway.dispatch import Dispatcher
+from balanceroute.serving.gateway.dispatch import Dispatcher, tick_table
 from balanceroute.serving.gateway.drain import Drain
 from balanceroute.serving.gateway.health import RankHealth
 from balanceroute.serving.gateway.metrics import GatewayMetrics
@@ -42,7 +41,6 @@ from balanceroute.serving.lifecycle.renew import ReloadOutcome
 
 log = logging.getLogger("balanceroute.gateway")
 UPSTREAM_KEY_ENV = "BALANCEROUTE_UPSTREAM_API_KEY"
-TICK_COLUMNS = ("time_s", "pool", "imbalance", "arm")  # time_s: epoch seconds
 RECENT_COMPLETIONS = 65_536  # replayed into a reloaded model, as ``serve``'s default
 
 
@@ -153,10 +151,10 @@ class Gateway:
         await asyncio.get_running_loop().run_in_executor(None, self.twins.stop)
         self._write_log()
         if self.out is not None:
-            ticks = pd.DataFrame(list(self.dispatcher.ticks), columns=list(TICK_COLUMNS))
+            ticks = tick_table(self.dispatcher.ticks, self.group.ranks)
             self._writes.append(
                 asyncio.get_running_loop().run_in_executor(
-                    None, write_parquet, self.out / "ticks.parquet", pa.Table.from_pandas(ticks)
+                    None, write_parquet, self.out / "ticks.parquet", ticks
                 )
             )
         if self._writes:

@@ -151,3 +151,35 @@ def rank_matrix(iterations: pd.DataFrame, column: str) -> np.ndarray:
     if len(iterations) == 0:
         return np.zeros((0, 0), dtype=np.int64)
     return np.stack(iterations[column].to_numpy()).astype(np.int64)
+
+
+def loads_at(iterations: pd.DataFrame, requests: pd.DataFrame, times: np.ndarray,
+             ranks: int, since: str = "admit_s") -> np.ndarray:  # fmt: skip
+    """The engine's per-rank KV loads at arbitrary wall ``times`` (seconds since the group
+    started, as the log's): every request counted from ``since`` (``admit_s``: its admission;
+    ``recv_s``: its arrival at the rank) until its ``finish_s``, with its prompt and the tokens
+    its rank emitted by then (one per iteration end from its admission on). What a router
+    watching the group would ideally see, to check a live router's view against; ``(T, G)``."""
+    times = np.asarray(times, dtype=np.float64)
+    out = np.zeros((times.shape[0], ranks), dtype=np.float64)
+    ran = requests[requests["admit_iteration"].to_numpy() >= 0]
+    if ran.empty or times.size == 0:
+        return out
+    order = np.argsort(iterations["iteration"].to_numpy())
+    numbers = iterations["iteration"].to_numpy()[order]
+    ends = iterations["end_s"].to_numpy()[order]
+    emitted = np.searchsorted(ends, times, side="right")  # iteration ends up to each time
+    first = np.searchsorted(numbers, ran["admit_iteration"].to_numpy())
+    begin = ran[since].to_numpy(dtype=np.float64)
+    finish = ran["finish_s"].to_numpy(dtype=np.float64)
+    prompt = ran["prompt_tokens"].to_numpy(dtype=np.float64)
+    made = ran["generated"].to_numpy(dtype=np.float64)
+    worker = ran["worker"].to_numpy(dtype=np.int64)
+    for lo in range(0, times.shape[0], 512):  # (times x requests) in slices
+        t = times[lo : lo + 512, None]
+        live = (begin[None, :] <= t) & (t < finish[None, :])
+        tokens = np.clip(emitted[lo : lo + 512, None] - first[None, :], 0, made[None, :])
+        work = np.where(live, prompt[None, :] + tokens, 0.0)
+        for g in range(ranks):
+            out[lo : lo + 512, g] = work[:, worker == g].sum(axis=1)
+    return out

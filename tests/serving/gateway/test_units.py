@@ -21,7 +21,7 @@ from balanceroute.router.policies.policy import Policy
 from balanceroute.router.policies.specs import RouterSpec
 from balanceroute.router.policies.state import Admissions
 from balanceroute.serving.gateway.arms import Arm, Handle
-from balanceroute.serving.gateway.dispatch import Dispatcher
+from balanceroute.serving.gateway.dispatch import Dispatcher, tick_table
 from balanceroute.serving.gateway.metrics import GatewayMetrics
 from balanceroute.serving.gateway.relay import LiveRequest, Relay, upstream_body
 from balanceroute.serving.gateway.settings import GatewaySettings
@@ -170,6 +170,32 @@ def test_decisions_keep_every_rank_within_b_and_skip_unhealthy_ranks(router: str
         group.healthy[1] = True
         assert d.decide() == 3  # the freed slot and rank 1's two
         assert (group.inflight <= 2).all()
+
+    asyncio.run(scenario())
+
+
+def test_every_tick_keeps_the_gateways_per_rank_view_for_the_live_benchmark() -> None:
+    """A tick's sample holds the loads and running counts the gateway sees per rank, and the
+    written table reads them back as lists of G (what ``live_gateway.py`` and the live view
+    test compare with the emulator's log)."""
+
+    async def scenario() -> None:
+        spec = RouterSpec.parse("count-jsq")
+        group = LiveGroup.sized(ranks=3, slots=2, max_pool=8)
+        d = _dispatcher(group, [Arm("count-jsq", spec, spec.build_policy(None), None)])
+        for i in range(4):
+            d.waiter(group.arrive(100 * (i + 1), i + 1, 0.0))
+        d.decide()
+        running = np.flatnonzero(group.rank >= 0)
+        group.advance(int(running[0]), 7)
+        d.sample()
+        d.sample()
+        frame = tick_table(d.ticks, group.ranks).to_pandas()
+        assert len(frame) == 2 and frame["pool"].tolist() == [0, 0]
+        assert list(frame["loads"].iloc[-1]) == group.loads().astype(int).tolist()
+        assert sum(frame["loads"].iloc[-1]) == 100 + 200 + 300 + 400 + 7
+        assert list(frame["running"].iloc[-1]) == group.inflight.tolist()
+        assert tick_table([], 3).num_rows == 0
 
     asyncio.run(scenario())
 

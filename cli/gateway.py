@@ -117,6 +117,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "port, which move the bytes and report first tokens and finishes (0: one process, the "
         "default)",
     )  # fmt: skip
+    s.add_argument(
+        "--relay-plane", choices=["protocol", "aiohttp"],
+        help="what the relay workers run: asyncio.Protocol with httptools (protocol, the "
+        "default) or FastAPI/uvicorn with aiohttp (aiohttp)",
+    )  # fmt: skip
     p.set_defaults(func=cmd_gateway)
 
 
@@ -125,7 +130,7 @@ FLAGS = ("ranks", "slots", "rank_header", "group_size", "router", "estimator", "
          "first_token_timeout_s", "chunk_timeout_s", "drain_timeout_s", "no_rank_wait_s",
          "arms", "switch_every_s", "warmup_s", "seed", "track", "host", "port", "out",
          "health_interval_s", "health_fall", "health_rise", "header_timeout_s", "body_timeout_s",
-         "idle_timeout_s", "log_level", "relay_workers")  # fmt: skip
+         "idle_timeout_s", "log_level", "relay_workers", "relay_plane")  # fmt: skip
 
 
 def settings_from_args(args: argparse.Namespace) -> GatewaySettings:

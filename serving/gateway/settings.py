@@ -7,6 +7,7 @@ the router or the switchback arms, the estimator, and the gateway's own bounds.
 
 from __future__ import annotations
 
+from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
@@ -137,6 +138,11 @@ class GatewaySettings(ServiceSettings):
         default=0, ge=0, le=64,
         description="relay worker processes in front of one decider process (0: one process "
         "does everything)",
+    )  # fmt: skip
+    relay_plane: Literal["protocol", "aiohttp"] = Field(
+        default="protocol",
+        description="what the relay workers run: asyncio.Protocol with httptools on both sides "
+        "(protocol), or FastAPI/uvicorn with aiohttp to the ranks (aiohttp)",
     )  # fmt: skip
 
     @field_validator("rank_header", "estimator", "estimator_url", "history", "arms", mode="before")

@@ -45,7 +45,10 @@ from balanceroute.serving.gateway.split.worker import SPEC_ENV
 from balanceroute.serving.http.server import configure_logging, serve
 
 log = logging.getLogger("balanceroute.gateway")
-WORKER = [sys.executable, "-m", "balanceroute.serving.gateway.split.worker"]
+WORKERS = {  # the relay workers' module, by ``relay_plane``
+    "protocol": [sys.executable, "-m", "balanceroute.serving.gateway.plane.worker"],
+    "aiohttp": [sys.executable, "-m", "balanceroute.serving.gateway.split.worker"],
+}
 RELAY_LOST = "relay_lost"
 RESPAWN_S = 1.0  # a worker is started at most this often
 
@@ -222,7 +225,8 @@ class Decider:
                 "upstream_key": self.gw.upstream_key}  # fmt: skip
         env = {**os.environ, SPEC_ENV: json.dumps(spec)}
         env.pop(UPSTREAM_KEY_ENV, None)
-        self.workers[index] = subprocess.Popen(WORKER, env=env, pass_fds=(self.listener.fileno(),))
+        argv = WORKERS[s.relay_plane]
+        self.workers[index] = subprocess.Popen(argv, env=env, pass_fds=(self.listener.fileno(),))
 
     async def _supervise(self) -> None:
         """Start again any worker that died (checked every tenth of a health interval; a worker

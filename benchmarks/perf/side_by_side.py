@@ -21,10 +21,10 @@ end of the bench run), and the machine's load average before and after.
     .venv/bin/python benchmarks/perf/side_by_side.py --render runs/side_by_side.json
 
 The data plane's choice (issue 20) in one short run (``--gateway-modes``: ``one``, ``aio1``,
-``aio2``, ``proto1``, ``proto2``; the gateway arms are named ``gateway[MODE]:ROUTER``)::
+``aio2``, ``proto1``, ``proto2``, ``inproc``; the gateway arms are named ``gateway[MODE]:ROUTER``)::
 
     .venv/bin/python benchmarks/perf/side_by_side.py --out runs/plane \
-        --gateway-modes aio1,proto1,proto2 --routers count-jsq,brh \
+        --gateway-modes aio1,proto1,proto2,inproc --routers count-jsq,brh \
         --sglang-policies round_robin --vllm-policies round_robin,power_of_two > runs/plane.json
 """
 
@@ -67,6 +67,7 @@ GATEWAY_MODES = {  # the gateway's process layout, by --gateway-modes name
     "aio2": ["--relay-workers", "2", "--relay-plane", "aiohttp"],
     "proto1": ["--relay-workers", "1", "--relay-plane", "protocol"],
     "proto2": ["--relay-workers", "2", "--relay-plane", "protocol"],
+    "inproc": ["--front", "protocol"],  # the Protocol front beside the decider, one process
 }
 
 

@@ -87,6 +87,7 @@ class Front:
         self.token = ctx.settings.token
         self.exchanges: set[Exchange] = set()
         self.connections: set[Connection] = set()
+        self.passing: set[asyncio.Task] = set()  # pass-throughs in flight (held: not collected)
         self.idle = asyncio.Event()  # no request in flight
         self.idle.set()
 
@@ -224,7 +225,9 @@ class Connection(asyncio.Protocol):
             return
         route = ROUTES.get(path) if method == b"POST" else None
         if route is None:
-            self.loop.create_task(self._pass(method, url, headers, body))
+            task = self.loop.create_task(self._pass(method, url, headers, body))
+            front.passing.add(task)
+            task.add_done_callback(front.passing.discard)
             return
         if front.token is not None and not self._authorized(headers):
             self._json(401, error_body(401, "missing or invalid bearer token"),

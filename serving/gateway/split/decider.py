@@ -278,15 +278,21 @@ class Decider:
             self._server.close()
 
 
-def run_split(settings: GatewaySettings, gateway: Gateway) -> None:
-    """Serve with ``settings.relay_workers`` relay workers until SIGTERM or SIGINT."""
-    configure_logging(settings)
+def listen(settings: GatewaySettings) -> socket.socket:
+    """The client port, opened once (the relay workers inherit it)."""
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
     listener = socket.socket(family, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind((settings.host, settings.port))
     listener.listen(4096)
     listener.set_inheritable(True)
+    return listener
+
+
+def run_split(settings: GatewaySettings, gateway: Gateway) -> None:
+    """Serve with ``settings.relay_workers`` relay workers until SIGTERM or SIGINT."""
+    configure_logging(settings)
+    listener = listen(settings)
     folder = tempfile.mkdtemp(prefix="balanceroute-gateway-")
     decider = Decider(gateway, listener, folder)
     app = create_gateway_app(gateway)

@@ -21,12 +21,25 @@ from tests.serving.testbed.helpers import Emulator
 pytestmark = pytest.mark.server
 
 
+MODES = {"worker": ["--relay-workers", "1", "--relay-plane", "protocol"],
+         "inprocess": ["--front", "protocol"]}  # fmt: skip
+
+
 class PlaneGateway(GatewayProcess):
-    """``balanceroute gateway --relay-workers 1 --relay-plane protocol``."""
+    """``balanceroute gateway --relay-workers 1 --relay-plane protocol`` (or ``--front
+    protocol``: the same plane beside the decider, :data:`mode`)."""
+
+    mode = "worker"
 
     def __init__(self, log: Path, ranks: list[str], *args: str, env: dict | None = None) -> None:
-        super().__init__(log, ranks, *args, "--relay-workers", "1", "--relay-plane", "protocol",
-                         "--no-mlflow", env=env)  # fmt: skip
+        super().__init__(log, ranks, *args, *MODES[self.mode], "--no-mlflow", env=env)
+
+
+@pytest.fixture(params=sorted(MODES), autouse=True)
+def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test in a relay worker process and in one process."""
+    monkeypatch.setattr(PlaneGateway, "mode", request.param)
+    return request.param
 
 
 @pytest.fixture

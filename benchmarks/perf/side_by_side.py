@@ -144,10 +144,10 @@ def wait_workers(proc: ServerProcess, url: str, timeout_s: float = 60.0) -> None
     raise RuntimeError(f"{url} did not register {G} workers in {timeout_s:g} s: {proc.log()}")
 
 
-def cpu_s(proc: psutil.Process) -> float:
-    """User + system CPU seconds of a process and its children."""
+def cpu_s(proc: psutil.Process, children: bool = True) -> float:
+    """User + system CPU seconds of a process and (``children``) its children."""
     total = 0.0
-    for p in [proc, *proc.children(recursive=True)]:
+    for p in [proc, *(proc.children(recursive=True) if children else [])]:
         try:
             t = p.cpu_times()
             total += t.user + t.system
@@ -207,7 +207,7 @@ def one_arm(kind: str, policy: str | None, trace: Path, n: int, load: float, ts:
     emu, urls = start_emulator(ts, out / "emulator", out / "emulator.out",
                                "load" if kind == "vllm" else "sglang")  # fmt: skip
     router = None
-    cpu = None
+    cpu = main = None
     try:
         if kind == "direct":
             summary = run_bench(",".join(urls), trace, n, load, ts, out / "bench")
@@ -215,9 +215,9 @@ def one_arm(kind: str, policy: str | None, trace: Path, n: int, load: float, ts:
             assert policy is not None
             router, url = start_router(kind, policy, urls, out, peers)
             ps = psutil.Process(router.pid)
-            cpu0 = cpu_s(ps)
+            cpu0, main0 = cpu_s(ps), cpu_s(ps, children=False)
             summary = run_bench(url, trace, n, load, ts, out / "bench")
-            cpu = cpu_s(ps) - cpu0
+            cpu, main = cpu_s(ps) - cpu0, cpu_s(ps, children=False) - main0
     finally:
         if router is not None:
             router.terminate(60)
@@ -233,6 +233,9 @@ def one_arm(kind: str, policy: str | None, trace: Path, n: int, load: float, ts:
         "outside_engine_ms_p50": float(np.median(outside)) if outside.size else None,
         "router_cpu_s": cpu,
         "router_cpu_s_per_1k_tokens": (cpu / tokens * 1e3) if cpu is not None and tokens else None,
+        # the router's own process (a split gateway's decider; the rest is its relay workers)
+        "router_main_cpu_s_per_1k_tokens": (main / tokens * 1e3) if main is not None and tokens
+        else None,
         **steady(out),
         "loadavg_before": list(load_before),
         "loadavg_after": list(os.getloadavg()),

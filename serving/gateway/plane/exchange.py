@@ -155,6 +155,9 @@ class Exchange:
                        if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}")  # fmt: skip
                 self.life.rank_failed(rank, why)
                 return RETRY
+            if self.result.done():  # the first-token deadline passed while connecting
+                self.pool.put(up)
+                return self.result.result()
             self.up = up
             up.send(self, head + body)
             outcome = await self.result

@@ -185,8 +185,15 @@ class Connection(asyncio.Protocol):
         for k, v in self.headers:
             if k == b"content-length" and v.isdigit() and int(v) > limit:
                 self.too_big = True
+            elif k == b"expect" and v.lower() == b"100-continue" and not self.busy:
+                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl waits for it
+        if self.too_big and not self.busy:  # said so up front: answered now, not read
+            self._disarm()
+            self._handle(b"", b"", [], b"", False)
 
     def on_body(self, body: bytes) -> None:
+        if self.transport.is_closing():
+            return
         self.size += len(body)
         if self.size > self.front.settings.max_body_bytes:
             self.too_big = True
@@ -194,6 +201,8 @@ class Connection(asyncio.Protocol):
             self.body.append(body)
 
     def on_message_complete(self) -> None:
+        if self.transport.is_closing():
+            return
         method = self.parser.get_method()
         keep = self.parser.should_keep_alive()
         request = (method, self.url, self.headers, b"".join(self.body), keep)

@@ -36,7 +36,13 @@ from typing import Any
 
 from balanceroute.serving.gateway import server
 from balanceroute.serving.gateway.app import create_gateway_app
-from balanceroute.serving.gateway.life import LiveRequest, PoolFull, RequestLife, arrive
+from balanceroute.serving.gateway.life import (
+    LiveRequest,
+    NoRankInRotation,
+    PoolFull,
+    RequestLife,
+    arrive,
+)
 from balanceroute.serving.gateway.runtime import UPSTREAM_KEY_ENV, Gateway
 from balanceroute.serving.gateway.settings import GatewaySettings
 from balanceroute.serving.gateway.split import wire
@@ -198,7 +204,14 @@ class Decider:
 
     def _await_rank(self, link: Link, rid: int, remote: Remote) -> None:
         async def assign() -> None:
-            rank = await remote.life.admitted()
+            try:
+                rank = await remote.life.admitted()
+            except NoRankInRotation as exc:  # the outage outlasted --no-rank-wait: 503
+                remote.waiting = None
+                link.requests.pop(rid, None)
+                remote.life.abandoned("no_rank")
+                self._send(link, wire.REJECT, rid, 503, str(exc))
+                return
             remote.waiting = None
             self._send(link, wire.ASSIGN, rid, rank)
 

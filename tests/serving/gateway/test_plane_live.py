@@ -14,6 +14,7 @@ import httpx
 import pandas as pd
 import pytest
 
+from tests.serving.gateway import test_faults_live as faults
 from tests.serving.gateway.fake_ranks import FakeRank
 from tests.serving.gateway.helpers import GatewayProcess, token_events
 from tests.serving.testbed.helpers import Emulator
@@ -175,3 +176,15 @@ def test_the_fronts_own_answers_and_the_pass_through(two_fakes, tmp_path):
     finally:
         gw.stop()
     assert "Traceback" not in gw.log()
+
+
+def test_queued_requests_get_503_after_the_no_rank_wait(tmp_path, monkeypatch):
+    """The one-process scenario against the plane: every rank gone with requests queued behind
+    one slot, each gets 503 naming --no-rank-wait once the outage lasted it (the decider must
+    answer them: it once left them waiting for ever)."""
+    monkeypatch.setattr(faults, "GatewayProcess", PlaneGateway)
+    emu = Emulator(tmp_path / "emu.out", ranks=1, slots=1, time_scale=5.0)
+    try:
+        faults.test_queued_requests_get_503_after_the_no_rank_wait([emu], tmp_path)
+    finally:
+        emu.stop()

@@ -19,6 +19,13 @@ end of the bench run), and the machine's load average before and after.
 
     .venv/bin/python benchmarks/perf/side_by_side.py --out runs/side_by_side > runs/side_by_side.json
     .venv/bin/python benchmarks/perf/side_by_side.py --render runs/side_by_side.json
+
+The data plane's choice (issue 20) in one short run (``--gateway-modes``: ``one``, ``aio1``,
+``aio2``, ``proto1``, ``proto2``, ``inproc``; the gateway arms are named ``gateway[MODE]:ROUTER``)::
+
+    .venv/bin/python benchmarks/perf/side_by_side.py --out runs/plane \
+        --gateway-modes aio1,proto1,proto2,inproc --routers count-jsq,brh \
+        --sglang-policies round_robin --vllm-policies round_robin,power_of_two > runs/plane.json
 """
 
 from __future__ import annotations
@@ -54,10 +61,24 @@ VLLM_POLICIES = ("round_robin", "random", "power_of_two", "cache_aware", "kv_awa
 CLI = [sys.executable, "-c", "import sys; from balanceroute.cli import main; sys.exit(main())"]
 
 
+GATEWAY_MODES = {  # the gateway's process layout, by --gateway-modes name
+    "one": [],  # one process: FastAPI/uvicorn front, aiohttp to the ranks
+    "aio1": ["--relay-workers", "1", "--relay-plane", "aiohttp"],
+    "aio2": ["--relay-workers", "2", "--relay-plane", "aiohttp"],
+    "proto1": ["--relay-workers", "1", "--relay-plane", "protocol"],
+    "proto2": ["--relay-workers", "2", "--relay-plane", "protocol"],
+    "inproc": ["--front", "protocol"],  # the Protocol front beside the decider, one process
+}
+
+
 def arms(args: argparse.Namespace) -> list[tuple[str, str, str | None]]:
-    """(name, kind, policy) of every arm, ``direct`` first."""
+    """(name, kind, policy) of every arm, ``direct`` first (a gateway arm's kind names its
+    mode: ``gateway`` for ``one``, else ``gateway-MODE``)."""
     out: list[tuple[str, str, str | None]] = [("direct", "direct", None)]
-    out += [(f"gateway:{r}", "gateway", r) for r in args.routers]
+    for mode in args.gateway_modes:
+        tag = "" if mode == "one" else f"[{mode}]"
+        kind = "gateway" if mode == "one" else f"gateway-{mode}"
+        out += [(f"gateway{tag}:{r}", kind, r) for r in args.routers]
     out += [(f"sglang-router:{p}", "sglang", p) for p in args.sglang_policies]
     out += [(f"vllm-router:{p}", "vllm", p) for p in args.vllm_policies]
     return out
@@ -82,9 +103,10 @@ def start_router(
     """The gateway or a peer router in front of ``urls``; its URL once it answers."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    if kind == "gateway":
+    if kind.startswith("gateway"):
+        mode = GATEWAY_MODES[kind.partition("-")[2] or "one"]
         args = [*CLI, "gateway", "--slots", str(B), "--port", str(port), "--out", str(out / "gateway"),
-                "--router", policy, "--no-mlflow"]  # fmt: skip
+                "--router", policy, "--no-mlflow", *mode]  # fmt: skip
         for u in urls:
             args += ["--rank", u]
         env = clean_env({"BALANCEROUTE_LOG_LEVEL": "warning"})
@@ -102,7 +124,7 @@ def start_router(
     # its own session: sglang-router forks the router process, which a stop must reach too
     proc = ServerProcess(args, log=out / "router.out", env=env, group=True)
     proc.wait_ready([ready], timeout_s=180, poll_s=0.2)
-    if kind != "gateway":  # the peers answer /health before they have registered every worker
+    if not kind.startswith("gateway"):  # the peers answer /health before they have registered every worker
         wait_workers(proc, url)
     return proc, url
 
@@ -122,10 +144,10 @@ def wait_workers(proc: ServerProcess, url: str, timeout_s: float = 60.0) -> None
     raise RuntimeError(f"{url} did not register {G} workers in {timeout_s:g} s: {proc.log()}")
 
 
-def cpu_s(proc: psutil.Process) -> float:
-    """User + system CPU seconds of a process and its children."""
+def cpu_s(proc: psutil.Process, children: bool = True) -> float:
+    """User + system CPU seconds of a process and (``children``) its children."""
     total = 0.0
-    for p in [proc, *proc.children(recursive=True)]:
+    for p in [proc, *(proc.children(recursive=True) if children else [])]:
         try:
             t = p.cpu_times()
             total += t.user + t.system
@@ -185,7 +207,7 @@ def one_arm(kind: str, policy: str | None, trace: Path, n: int, load: float, ts:
     emu, urls = start_emulator(ts, out / "emulator", out / "emulator.out",
                                "load" if kind == "vllm" else "sglang")  # fmt: skip
     router = None
-    cpu = None
+    cpu = main = None
     try:
         if kind == "direct":
             summary = run_bench(",".join(urls), trace, n, load, ts, out / "bench")
@@ -193,9 +215,9 @@ def one_arm(kind: str, policy: str | None, trace: Path, n: int, load: float, ts:
             assert policy is not None
             router, url = start_router(kind, policy, urls, out, peers)
             ps = psutil.Process(router.pid)
-            cpu0 = cpu_s(ps)
+            cpu0, main0 = cpu_s(ps), cpu_s(ps, children=False)
             summary = run_bench(url, trace, n, load, ts, out / "bench")
-            cpu = cpu_s(ps) - cpu0
+            cpu, main = cpu_s(ps) - cpu0, cpu_s(ps, children=False) - main0
     finally:
         if router is not None:
             router.terminate(60)
@@ -211,6 +233,9 @@ def one_arm(kind: str, policy: str | None, trace: Path, n: int, load: float, ts:
         "outside_engine_ms_p50": float(np.median(outside)) if outside.size else None,
         "router_cpu_s": cpu,
         "router_cpu_s_per_1k_tokens": (cpu / tokens * 1e3) if cpu is not None and tokens else None,
+        # the router's own process (a split gateway's decider; the rest is its relay workers)
+        "router_main_cpu_s_per_1k_tokens": (main / tokens * 1e3) if main is not None and tokens
+        else None,
         **steady(out),
         "loadavg_before": list(load_before),
         "loadavg_after": list(os.getloadavg()),
@@ -230,11 +255,20 @@ def one_load(args: argparse.Namespace, load: float, n: int, trace: Path, out: Pa
         print(f"side_by_side: load {load:g} {name}: {json.dumps(rows[name], default=float)[:300]}",
               file=sys.stderr, flush=True)  # fmt: skip
     direct = rows.get("direct", {}).get("outside_engine_ms_p50")
-    jsq = rows.get("gateway:count-jsq", {}).get("steady_imbalance")
+    jsq = next((r.get("steady_imbalance") for name, r in rows.items()
+                if name.startswith("gateway") and name.endswith(":count-jsq")), None)  # fmt: skip
     for row in rows.values():
         o, imb = row.get("outside_engine_ms_p50"), row.get("steady_imbalance")
         row["added_median_ttft_ms"] = o - direct if o is not None and direct is not None else None
         row["imbalance_vs_gateway_count_jsq"] = imb / jsq if imb is not None and jsq else None
+    peers = [r for name, r in rows.items() if name.split(":")[0] in ("sglang-router", "vllm-router")]
+    ttfts = [r["added_median_ttft_ms"] for r in peers if r.get("added_median_ttft_ms") is not None]
+    cpus = [r["router_cpu_s_per_1k_tokens"] for r in peers
+            if r.get("router_cpu_s_per_1k_tokens")]  # fmt: skip
+    for row in rows.values():  # against the best peer of this run (issue 20's targets)
+        t, c = row.get("added_median_ttft_ms"), row.get("router_cpu_s_per_1k_tokens")
+        row["added_ttft_over_best_peer_ms"] = t - min(ttfts) if t is not None and ttfts else None
+        row["cpu_per_1k_vs_best_peer"] = c / min(cpus) if c is not None and cpus else None
     return {"load": load, "requests": n, "arms": rows}
 
 
@@ -250,7 +284,7 @@ def render(result: dict[str, Any]) -> str:
             f"Load {run['load']:g} of capacity, {run['requests']} requests:",
             "",
             "| arm | added TTFT p50 (ms) | output tok/s (wall) | tok/s (busy) | steady imbalance "
-            "(/ count-jsq) | router CPU s / 1k tok | failed | load avg after |",
+            "(/ count-jsq) | router CPU s / 1k tok (/ best peer) | failed | load avg after |",
             "|---|---|---|---|---|---|---|---|",
         ]
         for name, r in run["arms"].items():
@@ -261,6 +295,7 @@ def render(result: dict[str, Any]) -> str:
                 f"| `{name}` | {_f(r['added_median_ttft_ms'])} | {_f(r['output_tok_s_wall'], ',.0f')}"
                 f" | {_f(r['throughput_tok_s_busy'], ',.0f')} | {_f(r['steady_imbalance'], ',.0f')} "
                 f"({_f(r['imbalance_vs_gateway_count_jsq'])}) | {_f(r['router_cpu_s_per_1k_tokens'], '.3f')}"
+                f" ({_f(r.get('cpu_per_1k_vs_best_peer'))})"
                 f" | {r['failed']} | {_f(r['loadavg_after'][0], '.1f')} |"
             )
         lines.append("")
@@ -279,6 +314,8 @@ def main() -> None:
     p.add_argument("--time-scale", type=float, default=1.0)
     p.add_argument("--routers", type=lambda t: [x for x in t.split(",") if x],
                    default=list(GATEWAY_ROUTERS))  # fmt: skip
+    p.add_argument("--gateway-modes", type=lambda t: [x for x in t.split(",") if x],
+                   default=["one"], help=f"gateway layouts, of {', '.join(GATEWAY_MODES)}")  # fmt: skip
     p.add_argument("--sglang-policies", type=lambda t: [x for x in t.split(",") if x],
                    default=list(SGLANG_POLICIES))  # fmt: skip
     p.add_argument("--vllm-policies", type=lambda t: [x for x in t.split(",") if x],
@@ -288,6 +325,9 @@ def main() -> None:
     if args.render:
         print(render(json.loads(Path(args.render).read_text())))
         return
+    bad = [m for m in args.gateway_modes if m not in GATEWAY_MODES]
+    if bad:
+        p.error(f"--gateway-modes: unknown {bad}; known: {', '.join(GATEWAY_MODES)}")
     if len(args.requests) != len(args.loads):
         p.error(f"--requests needs one count per load ({len(args.loads)}), got {args.requests}")
     if args.peers_bin is None:

@@ -91,6 +91,62 @@ def upstream_body(body: dict[str, Any]) -> bytes:
     return orjson.dumps(out)
 
 
+def read_event(req: LiveRequest, event: bytes, st: Stream, now: float) -> bytes | None:
+    """Count one SSE event of ``req``'s stream into ``st``; what to relay of it (None:
+    nothing). UpstreamBroke on an error event or an abort before the first token."""
+    payload = data_payload(event)
+    if payload is None:  # a comment is relayed as it came, an empty event dropped
+        return event + b"\n\n" if event.strip() else None
+    if payload == DONE_PAYLOAD:
+        st.done = True
+        return DONE
+    if (
+        req.stream
+        and st.model is not None
+        and b'"finish_reason":null' in payload
+        and b'"usage"' not in payload
+        and b'"error"' not in payload
+        and not (req.chat and b'"role"' in payload)
+    ):  # a plain token chunk (one choice, n = 1): counted without parsing it
+        st.chunks += 1
+        st.last_t = now
+        if st.first_t is None:
+            st.first_t = now
+        return event + b"\n\n"
+    obj = orjson.loads(payload)
+    if obj.get("error"):
+        raise UpstreamBroke(f"error event: {str(obj['error'])[:200]}")
+    usage = obj.get("usage")
+    choices = obj.get("choices") or []
+    if st.first_t is None and any(c.get("finish_reason") == ABORT for c in choices):
+        raise UpstreamBroke("the rank aborted the request before its first token")
+    if st.model is None:
+        st.model = obj.get("model")
+    if st.whole is not None:
+        st.whole.add(obj)
+    for choice in choices:
+        piece = token_text(choice)
+        if piece is not None:
+            st.chunks += 1
+            if st.first_t is None:
+                st.first_t = now
+            st.last_t = now
+        reason = choice.get("finish_reason")
+        if reason is not None:
+            st.finish_reason = reason
+    if usage:
+        st.usage_completion = int(usage.get("completion_tokens") or 0)
+        st.usage_prompt = int(usage.get("prompt_tokens") or 0)
+    if not req.stream:
+        return None
+    if not choices and usage is not None:  # the final usage chunk
+        return event + b"\n\n" if req.usage else None
+    if "usage" in obj and not req.continuous:
+        del obj["usage"]
+        return b"data: " + orjson.dumps(obj) + b"\n\n"
+    return event + b"\n\n"
+
+
 class Relay(Response):
     """Runs one request to the end: the handler's response, an ASGI app of its own, so a
     disconnect is seen at once (it sends its own status and headers)."""
@@ -246,57 +302,7 @@ class Relay(Response):
 
     def _event(self, event: bytes, st: Stream, now: float) -> bytes | None:
         """Count one SSE event; what to relay of it (None: nothing)."""
-        payload = data_payload(event)
-        if payload is None:  # a comment is relayed as it came, an empty event dropped
-            return event + b"\n\n" if event.strip() else None
-        if payload == DONE_PAYLOAD:
-            st.done = True
-            return DONE
-        if (
-            self.req.stream
-            and st.model is not None
-            and b'"finish_reason":null' in payload
-            and b'"usage"' not in payload
-            and b'"error"' not in payload
-            and not (self.req.chat and b'"role"' in payload)
-        ):  # a plain token chunk (one choice, n = 1): counted without parsing it
-            st.chunks += 1
-            st.last_t = now
-            if st.first_t is None:
-                st.first_t = now
-            return event + b"\n\n"
-        obj = orjson.loads(payload)
-        if obj.get("error"):
-            raise UpstreamBroke(f"error event: {str(obj['error'])[:200]}")
-        usage = obj.get("usage")
-        choices = obj.get("choices") or []
-        if st.first_t is None and any(c.get("finish_reason") == ABORT for c in choices):
-            raise UpstreamBroke("the rank aborted the request before its first token")
-        if st.model is None:
-            st.model = obj.get("model")
-        if st.whole is not None:
-            st.whole.add(obj)
-        for choice in choices:
-            piece = token_text(choice)
-            if piece is not None:
-                st.chunks += 1
-                if st.first_t is None:
-                    st.first_t = now
-                st.last_t = now
-            reason = choice.get("finish_reason")
-            if reason is not None:
-                st.finish_reason = reason
-        if usage:
-            st.usage_completion = int(usage.get("completion_tokens") or 0)
-            st.usage_prompt = int(usage.get("prompt_tokens") or 0)
-        if not self.req.stream:
-            return None
-        if not choices and usage is not None:  # the final usage chunk
-            return event + b"\n\n" if self.req.usage else None
-        if "usage" in obj and not self.req.continuous:
-            del obj["usage"]
-            return b"data: " + orjson.dumps(obj) + b"\n\n"
-        return event + b"\n\n"
+        return read_event(self.req, event, st, now)
 
     def _progress(self, st: Stream, new: int, now: float) -> None:
         self.life.progress(st.tokens, new, st.usage_prompt, now)

@@ -144,6 +144,16 @@ class GatewaySettings(ServiceSettings):
         description="relay worker processes in front of one decider process (0: one process "
         "does everything)",
     )  # fmt: skip
+    front: Literal["asgi", "protocol"] = Field(
+        default="asgi",
+        description="with no relay workers: the one process's front, FastAPI/uvicorn with "
+        "aiohttp to the ranks (asgi), or the Protocol data plane beside the decider (protocol)",
+    )  # fmt: skip
+    relay_plane: Literal["protocol", "aiohttp"] = Field(
+        default="protocol",
+        description="what the relay workers run: asyncio.Protocol with httptools on both sides "
+        "(protocol), or FastAPI/uvicorn with aiohttp to the ranks (aiohttp)",
+    )  # fmt: skip
 
     @field_validator("rank_header", "estimator", "estimator_url", "history", "arms", mode="before")
     @classmethod

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,8 @@ from pathlib import Path
 from balanceroute.serving.testbed.harness import ServerProcess, clean_env, free_port
 
 BIN = Path(sys.executable).with_name("balanceroute")
+# more gateway flags for every check, e.g. "--relay-workers 1" or "--front protocol"
+EXTRA_ENV = "CONFORMANCE_GATEWAY_ARGS"
 
 
 class Gateway:
@@ -20,7 +23,7 @@ class Gateway:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         argv = [str(BIN), "gateway", "--port", str(self.port), "--slots", "8", "--no-mlflow"]
-        argv += ["--health-interval", "500ms"]
+        argv += ["--health-interval", "500ms", *shlex.split(os.environ.get(EXTRA_ENV, ""))]
         for rank in ranks:
             argv += ["--rank", rank]
         self.server = ServerProcess(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from balanceroute.serving.gateway.split import wire
 
@@ -68,17 +69,20 @@ class DeciderChannel:
     def forget(self, rid: int) -> None:
         self.waiting.pop(rid, None)
 
+    def deliver(self, event: list[Any]) -> None:
+        """One event from the decider: an admission resolved (``ASSIGN``) or refused."""
+        fut = self.waiting.pop(event[1], None)
+        if fut is None or fut.done():
+            return
+        if event[0] == wire.ASSIGN:
+            fut.set_result(int(event[2]))
+        elif event[0] == wire.REJECT:
+            fut.set_exception(Rejected(int(event[2]), str(event[3])))
+
     async def _read(self, reader: asyncio.StreamReader) -> None:
         try:
             while line := await reader.readline():
-                event = wire.decode(line)
-                fut = self.waiting.pop(event[1], None)
-                if fut is None or fut.done():
-                    continue
-                if event[0] == wire.ASSIGN:
-                    fut.set_result(int(event[2]))
-                elif event[0] == wire.REJECT:
-                    fut.set_exception(Rejected(int(event[2]), str(event[3])))
+                self.deliver(wire.decode(line))
         except (OSError, ValueError) as exc:
             log.error("the line to the decider broke: %s", exc)
         self.lost = True

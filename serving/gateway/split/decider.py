@@ -36,7 +36,13 @@ from typing import Any
 
 from balanceroute.serving.gateway import server
 from balanceroute.serving.gateway.app import create_gateway_app
-from balanceroute.serving.gateway.life import LiveRequest, PoolFull, RequestLife, arrive
+from balanceroute.serving.gateway.life import (
+    LiveRequest,
+    NoRankInRotation,
+    PoolFull,
+    RequestLife,
+    arrive,
+)
 from balanceroute.serving.gateway.runtime import UPSTREAM_KEY_ENV, Gateway
 from balanceroute.serving.gateway.settings import GatewaySettings
 from balanceroute.serving.gateway.split import wire
@@ -45,7 +51,10 @@ from balanceroute.serving.gateway.split.worker import SPEC_ENV
 from balanceroute.serving.http.server import configure_logging, serve
 
 log = logging.getLogger("balanceroute.gateway")
-WORKER = [sys.executable, "-m", "balanceroute.serving.gateway.split.worker"]
+WORKERS = {  # the relay workers' module, by ``relay_plane``
+    "protocol": [sys.executable, "-m", "balanceroute.serving.gateway.plane.worker"],
+    "aiohttp": [sys.executable, "-m", "balanceroute.serving.gateway.split.worker"],
+}
 RELAY_LOST = "relay_lost"
 RESPAWN_S = 1.0  # a worker is started at most this often
 
@@ -195,7 +204,14 @@ class Decider:
 
     def _await_rank(self, link: Link, rid: int, remote: Remote) -> None:
         async def assign() -> None:
-            rank = await remote.life.admitted()
+            try:
+                rank = await remote.life.admitted()
+            except NoRankInRotation as exc:  # the outage outlasted --no-rank-wait: 503
+                remote.waiting = None
+                link.requests.pop(rid, None)
+                remote.life.abandoned("no_rank")
+                self._send(link, wire.REJECT, rid, 503, str(exc))
+                return
             remote.waiting = None
             self._send(link, wire.ASSIGN, rid, rank)
 
@@ -222,7 +238,8 @@ class Decider:
                 "upstream_key": self.gw.upstream_key}  # fmt: skip
         env = {**os.environ, SPEC_ENV: json.dumps(spec)}
         env.pop(UPSTREAM_KEY_ENV, None)
-        self.workers[index] = subprocess.Popen(WORKER, env=env, pass_fds=(self.listener.fileno(),))
+        argv = WORKERS[s.relay_plane]
+        self.workers[index] = subprocess.Popen(argv, env=env, pass_fds=(self.listener.fileno(),))
 
     async def _supervise(self) -> None:
         """Start again any worker that died (checked every tenth of a health interval; a worker
@@ -274,15 +291,21 @@ class Decider:
             self._server.close()
 
 
-def run_split(settings: GatewaySettings, gateway: Gateway) -> None:
-    """Serve with ``settings.relay_workers`` relay workers until SIGTERM or SIGINT."""
-    configure_logging(settings)
+def listen(settings: GatewaySettings) -> socket.socket:
+    """The client port, opened once (the relay workers inherit it)."""
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
     listener = socket.socket(family, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind((settings.host, settings.port))
     listener.listen(4096)
     listener.set_inheritable(True)
+    return listener
+
+
+def run_split(settings: GatewaySettings, gateway: Gateway) -> None:
+    """Serve with ``settings.relay_workers`` relay workers until SIGTERM or SIGINT."""
+    configure_logging(settings)
+    listener = listen(settings)
     folder = tempfile.mkdtemp(prefix="balanceroute-gateway-")
     decider = Decider(gateway, listener, folder)
     app = create_gateway_app(gateway)

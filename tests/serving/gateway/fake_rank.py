@@ -4,7 +4,9 @@ PORT [--key KEY]``. It streams vLLM's completion chunks (``logprobs`` when asked
 by the prompt: ``abort-before`` (the first such request ends with ``finish_reason`` ``abort``
 before any token, as vLLM does when it stops), ``abort-mid`` (two tokens, then ``abort``),
 ``hang-before`` (the first such request never sends a token), ``hang-mid`` (two tokens, then
-silence); ``POST /control {"health": "ok" | "fail" | "flaky"}`` sets what ``/health`` answers
+silence), ``plain`` (chunks as vLLM sends them with only ``include_usage``: no usage in a token
+chunk, the final usage chunk only when asked; written in uneven pieces that cut events, several
+events in one piece); ``POST /control {"health": "ok" | "fail" | "flaky"}`` sets what ``/health`` answers
 (``flaky``: 503 every other call); with ``--key`` every ``/v1`` call without that bearer key is a 401."""
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
     if "hang-before" in prompt and seen["hang-before"] == 0:
         seen["hang-before"] += 1
         await asyncio.sleep(HANG_S)
+    if "plain" in prompt:
+        await _plain(resp, rid, want, body)
+        return resp
     cut = 2 if "abort-mid" in prompt else None
     for n in range(1, want + 1):
         await asyncio.sleep(0.005)
@@ -65,6 +70,30 @@ async def completions(request: web.Request) -> web.StreamResponse:
         await resp.write(_chunk(rid, " t", "length" if n == want else None, n, 3, logprobs, n))
     await resp.write(b"data: [DONE]\n\n")
     return resp
+
+
+async def _plain(resp: web.StreamResponse, rid: str, want: int, body: dict[str, Any]) -> None:
+    """``want`` token chunks (and the usage chunk when asked) in pieces of 1 to 300 bytes."""
+    out = b""
+    for n in range(1, want + 1):
+        choice = {"index": 0, "text": f" w{n}", "logprobs": None,
+                  "finish_reason": "length" if n == want else None, "stop_reason": None}  # fmt: skip
+        obj = {"id": rid, "object": "text_completion", "created": 1700000000, "model": MODEL,
+               "choices": [choice]}  # fmt: skip
+        out += b"data: " + orjson.dumps(obj) + b"\n\n"
+    if (body.get("stream_options") or {}).get("include_usage"):
+        usage = {"prompt_tokens": 3, "completion_tokens": want, "total_tokens": 3 + want}
+        obj = {"id": rid, "object": "text_completion", "created": 1700000000, "model": MODEL,
+               "choices": [], "usage": usage}  # fmt: skip
+        out += b"data: " + orjson.dumps(obj) + b"\n\n"
+    out += b"data: [DONE]\n\n"
+    sizes = [1, 7, 300, 45, 120, 2, 260, 33]
+    i = k = 0
+    while i < len(out):
+        await resp.write(out[i : i + sizes[k % len(sizes)]])
+        i += sizes[k % len(sizes)]
+        k += 1
+        await asyncio.sleep(0.002)
 
 
 async def health(request: web.Request) -> web.Response:

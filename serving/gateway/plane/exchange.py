@@ -1,0 +1,387 @@
+"""One completion request through the Protocol data plane, from its admission to its answer's
+end: the same life as :class:`~balanceroute.serving.gateway.split.lean.LeanRelay` (attempts,
+re-routing before the first token, deadlines, drain, disconnects; reported to the decider by
+:class:`~balanceroute.serving.gateway.split.lean.RemoteLife`), with the bytes moved in the
+upstream connection's callbacks instead of through aiohttp and ASGI.
+
+Until the first token the rank's stream is read event by event (:func:`~..relay.read_event`).
+After it every piece read is written to the client's socket as one HTTP chunk up to its last
+complete event, with one regular-expression search for the events that matter (a set
+``finish_reason``, a ``usage`` object, ``[DONE]``, an ``error``: only those are parsed) and one
+count of ``data:`` lines. The rank is paused while the client's socket is full. A non-streaming
+client gets the answer assembled from every event (:mod:`balanceroute.serving.openai.assemble`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from balanceroute.serving.gateway.life import LiveRequest
+from balanceroute.serving.gateway.plane.upstream import RankPool, Upstream
+from balanceroute.serving.gateway.relay import (
+    ABORT,
+    FINISHED,
+    RETRY,
+    Stream,
+    UpstreamBroke,
+    read_event,
+)
+from balanceroute.serving.gateway.split.channel import Rejected
+from balanceroute.serving.gateway.split.lean import MARKERS, RemoteLife, WorkerContext, lean_body
+from balanceroute.serving.openai.assemble import Assembler
+from balanceroute.serving.openai.responses import error_body
+from balanceroute.serving.openai.sse import DONE, SSE_HEADERS, EventSplitter
+
+log = logging.getLogger("balanceroute.gateway")
+Headers = list[tuple[bytes, bytes]]
+STALE = "stale"  # a connection closed before a byte of the answer
+TRIES = 4  # connections an attempt tries when kept-alive ones turn out closed
+
+
+def request_head(pool: RankPool, rank: int, path: str, headers: dict[str, str],
+                 length: int) -> bytes:  # fmt: skip
+    """The request line and headers of a forwarded request."""
+    _, _, prefix, host = pool.address(rank)
+    lines = [b"POST " + (prefix + path).encode() + b" HTTP/1.1", b"host: " + host]
+    lines += [k.encode("latin-1") + b": " + v.encode("latin-1") for k, v in headers.items()]
+    lines.append(b"content-length: %d" % length)
+    return b"\r\n".join(lines) + b"\r\n\r\n"
+
+
+class Exchange:
+    """One request's attempts and answer (module docstring)."""
+
+    def __init__(self, ctx: WorkerContext, pool: RankPool, client: Any, req: LiveRequest,
+                 rid: int) -> None:  # fmt: skip
+        self.ctx = ctx
+        self.pool = pool
+        self.client = client
+        self.req = req
+        self.life = RemoteLife(ctx, req, rid)
+        self.loop = asyncio.get_running_loop()
+        self.settings = ctx.settings
+        self.started = False  # the stream's head (and a token) reached the client
+        self.ended = False  # the answer's last byte was written
+        self.gone = False  # the client went away
+        self.drained = False  # the drain deadline passed
+        self.up: Upstream | None = None
+        self.st = Stream()
+        self.status = 0
+        self.error = bytearray()  # a refusal's body
+        self.splitter = EventSplitter()
+        self.held = b""
+        self.result: asyncio.Future[str] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.last = 0.0  # loop time of the last piece read after the first token
+        self.rank = -1
+        self.task: asyncio.Task | None = None
+        self.why = ""
+
+    # ---- the request's life ----------------------------------------------------------------
+    def start(self, on_done: Callable[[Exchange], None]) -> None:
+        """Run the request in its own task; ``on_done`` when it has left for good."""
+        self.task = self.loop.create_task(self.serve())
+        self.task.add_done_callback(lambda _: on_done(self))
+
+    async def serve(self) -> None:
+        try:
+            await self.run()
+        except asyncio.CancelledError:
+            self._drop_upstream()
+            self.life.count("cancelled" if self.gone else "drained")
+            if self.drained and not self.gone and not self.ended:
+                self._end_drained()
+        finally:
+            self._disarm()
+            self.life.leave()  # however the request ended, it leaves the group once
+
+    async def run(self) -> None:
+        life = self.life
+        body = lean_body(self.req.body)
+        attempts = life.max_attempts
+        attempt = 0
+        try:
+            for attempt in range(attempts):
+                rank = await life.admitted()
+                if rank < 0:
+                    break
+                if await self.attempt(rank, body) == FINISHED:
+                    return
+                if not life.requeued(rank, last=attempt + 1 == attempts):
+                    break
+        except Rejected as no:
+            life.abandoned(None)
+            self._whole(no.status, error_body(no.status, no.message), b"application/json",
+                        [(b"retry-after", b"1")])  # fmt: skip
+            return
+        life.abandoned("failed")
+        self._error(502, f"no rank could serve the request after {attempt + 1} attempts")
+
+    def cancel(self, *, gone: bool) -> None:
+        """The client went away (``gone``) or the drain deadline passed: stop the request."""
+        if self.ended:
+            return
+        if gone:
+            self.gone = True
+        else:
+            self.drained = True
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+
+    # ---- one attempt -----------------------------------------------------------------------
+    async def attempt(self, rank: int, body: bytes) -> str:
+        """One attempt on ``rank``: FINISHED (answered, well or not) or RETRY (nothing reached
+        the client and the rank failed)."""
+        self.rank = rank
+        self.st = Stream(whole=None if self.req.stream else Assembler(self.req.chat))
+        self.status, self.error, self.held = 0, bytearray(), b""
+        self.splitter = EventSplitter()
+        self.result = self.loop.create_future()
+        self.timer = self.loop.call_later(self.settings.first_token_timeout_s, self._first_late)
+        _, headers = self.life.forwarded(rank)
+        head = request_head(self.pool, rank, self.req.path, headers, len(body))
+        for _ in range(TRIES):
+            try:
+                up, reused = await self.pool.connect(rank)
+            except (OSError, TimeoutError) as exc:
+                self._disarm()
+                why = (f"no connection within {self.settings.connect_timeout_s:g} s"
+                       if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}")  # fmt: skip
+                self.life.rank_failed(rank, why)
+                return RETRY
+            if self.result.done():  # the first-token deadline passed while connecting
+                self.pool.put(up)
+                return self.result.result()
+            self.up = up
+            up.send(self, head + body)
+            outcome = await self.result
+            if outcome != STALE:
+                return outcome
+            if not reused:
+                break
+            # a kept-alive connection the rank closed just now: not the rank's fault, again
+            self.result = self.loop.create_future()
+        self._disarm()
+        self.life.rank_failed(rank, self.why)
+        return RETRY
+
+    def _resolve(self, outcome: str) -> None:
+        self._disarm()
+        if self.result is not None and not self.result.done():
+            self.result.set_result(outcome)
+
+    # ---- what the upstream connection hears ------------------------------------------------
+    def head(self, status: int) -> None:
+        self.status = status
+
+    def body(self, data: bytes) -> None:
+        if self.status != 200:
+            if len(self.error) < 1 << 20:
+                self.error += data
+            return
+        st = self.st
+        if st.first_t is not None and self.req.stream:
+            self._relay(data)
+            return
+        if st.first_t is not None:  # a whole answer being assembled: the chunk deadline
+            self.last = self.loop.time()
+        try:
+            events = self.splitter.feed(data)
+            if not events:
+                return
+            now = self.ctx.clock()
+            waiting = st.first_t is None
+            out = [b for ev in events if (b := read_event(self.req, ev, st, now)) is not None]
+        except (UpstreamBroke, ValueError) as exc:
+            self._fail(str(exc))
+            return
+        if waiting and st.first_t is not None:
+            self.life.progress(st.tokens, st.tokens, st.usage_prompt, now)
+            self._started_reading()
+            if self.req.stream:
+                self._start_stream(b"".join(out))
+                self.held = self.splitter.buf
+        elif self.req.stream:
+            self.st.held.extend(out)
+        if st.done:
+            self._finish()
+
+    def complete(self) -> None:
+        self.up = None  # the connection went back to its rank's list (or closed)
+        if self.result is None or self.result.done():
+            return
+        status = self.status
+        if status == 200:
+            self._fail("the stream ended before data: [DONE]")
+        elif status >= 500 or status == 429:
+            self.life.rank_failed(self.rank, f"answered {status}")
+            self._resolve(RETRY)
+        elif status in (401, 403):  # the gateway's key, not the client's fault
+            self.life.rank_refused(self.rank, status)
+            self._resolve(RETRY)
+        else:
+            self.life.abandoned("rank_refused")
+            self._whole(status, bytes(self.error), b"application/json")
+            self._resolve(FINISHED)
+
+    def broken(self, why: str) -> None:
+        up, self.up = self.up, None
+        if self.result is None or self.result.done():
+            return
+        if up is not None and not up.heard and self.status == 0:
+            self.why = why
+            self.result.set_result(STALE)  # attempt() tries another connection, or gives up
+            return
+        self._fail(why)
+
+    # ---- the stream --------------------------------------------------------------------------
+    def _relay(self, data: bytes) -> None:
+        """A piece after the first token: to the client up to its last complete event."""
+        self.last = self.loop.time()
+        buf = self.held + data if self.held else data
+        cut = buf.rfind(b"\n\n")
+        if cut < 0:
+            self.held = buf
+            return
+        whole, self.held = buf[: cut + 2], buf[cut + 2 :]
+        st = self.st
+        if MARKERS.search(whole) is not None:
+            now = self.ctx.clock()
+            events = whole.split(b"\n\n")
+            events.pop()
+            try:
+                whole = b"".join(b for ev in events
+                                 if (b := read_event(self.req, ev, st, now)) is not None)  # fmt: skip
+            except (UpstreamBroke, ValueError) as exc:
+                self._fail(str(exc))
+                return
+        else:
+            st.chunks += whole.count(b"data:")
+        if whole:
+            self.client.write_chunk(whole)
+        if st.done:
+            self._finish()
+
+    def _started_reading(self) -> None:
+        """The first token arrived: from now on a chunk is due within ``chunk_timeout_s``."""
+        self._disarm()
+        self.last = self.loop.time()
+        self.timer = self.loop.call_later(self.settings.chunk_timeout_s, self._chunk_late)
+
+    def _start_stream(self, first: bytes) -> None:
+        held, self.st.held = b"".join(self.st.held), []
+        self.client.start_stream([*SSE_HEADERS, self._rid_header()])
+        self.started = True
+        if held or first:
+            self.client.write_chunk(held + first)
+
+    def _finish(self) -> None:
+        """``[DONE]``: the request finished on its rank."""
+        st, req = self.st, self.req
+        if self.up is not None:
+            self.up.release()
+            self.up = None
+        now = self.ctx.clock()
+        if st.first_t is None:  # no token at all (max_tokens reached at once?): still an answer
+            st.first_t = st.last_t = now
+        tokens = max(1, st.tokens)
+        prompt = st.usage_prompt if st.usage_prompt > 0 else req.prompt_tokens
+        if st.finish_reason == ABORT:  # cut short by the rank: not a completion to learn from
+            self.life.abandoned("aborted")
+        else:
+            self.life.finished(self.rank, st.first_t, st.last_t or st.first_t, tokens, prompt,
+                               now, st.finish_reason)  # fmt: skip
+        if req.stream:
+            if not self.started:
+                self._start_stream(b"")
+            self.client.end_stream()
+            self.ended = True
+        else:
+            assert st.whole is not None
+            rid = f"{'chatcmpl' if req.chat else 'cmpl'}-{req.request_id}"
+            answer = st.whole.answer(prompt, tokens, rid, int(time.time()))
+            self._whole(200, orjson.dumps(answer), b"application/json")
+        self._resolve(FINISHED)
+
+    def _fail(self, why: str) -> None:
+        """The attempt failed: re-routed before the first token, else the answer ends with an
+        error."""
+        self._drop_upstream()
+        if self.result is None or self.result.done():
+            return
+        if self.st.first_t is None:  # the rank produced nothing: known not to have started
+            self.life.rank_failed(self.rank, why)
+            self._resolve(RETRY)
+            return
+        self.life.abandoned("broken")
+        message = f"rank {self.rank} failed after the first token ({why})"
+        if self.started:
+            self._event_error(message)
+        else:
+            self._error(502, message)
+        self._resolve(FINISHED)
+
+    def _first_late(self) -> None:
+        self.timer = None
+        self._fail(f"no first token within {self.settings.first_token_timeout_s:g} s "
+                   "(--first-token-timeout)")  # fmt: skip
+
+    def _chunk_late(self) -> None:
+        chunk_s = self.settings.chunk_timeout_s
+        idle = self.loop.time() - self.last
+        if idle < chunk_s:
+            self.timer = self.loop.call_later(chunk_s - idle, self._chunk_late)
+            return
+        self.timer = None
+        self._fail(f"no chunk for {chunk_s:g} s (--chunk-timeout)")
+
+    def _disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _drop_upstream(self) -> None:
+        """Close the attempt's connection: the rank cancels the request."""
+        up, self.up = self.up, None
+        if up is not None:
+            up.close()
+
+    # ---- flow control ------------------------------------------------------------------------
+    def pause(self) -> None:
+        if self.up is not None:
+            self.up.pause()
+
+    def resume(self) -> None:
+        if self.up is not None:
+            self.up.resume()
+
+    # ---- answers -----------------------------------------------------------------------------
+    def _rid_header(self) -> tuple[bytes, bytes]:
+        return b"x-request-id", self.req.request_id.encode("latin-1", "replace")
+
+    def _whole(self, status: int, body: bytes, kind: bytes, extra: Headers | None = None) -> None:
+        headers = [(b"content-type", kind), self._rid_header(), *(extra or [])]
+        self.client.respond(status, headers, body)
+        self.ended = True
+
+    def _error(self, status: int, message: str) -> None:
+        self._whole(status, error_body(status, message), b"application/json")
+
+    def _event_error(self, message: str) -> None:
+        self.client.write_chunk(b"data: " + error_body(502, message) + b"\n\n" + DONE)
+        self.client.end_stream()
+        self.ended = True
+
+    def _end_drained(self) -> None:
+        """The drain deadline passed first: end the answer in the client's format."""
+        message = "the gateway shut down before the request finished (drain deadline)"
+        if self.started:
+            self._event_error(message)
+        else:
+            self._error(503, message)

@@ -1,0 +1,414 @@
+"""The client side of the Protocol data plane: HTTP/1.1 connections parsed by httptools, one
+request at a time each (pipelined ones wait their turn), kept alive.
+
+A completion request (``POST /v1/completions``, ``POST /v1/chat/completions``) is checked as the
+aiohttp worker checks it (Host, Origin and Content-Type; the body's size; the bearer token; the
+body's fields, with vLLM's 400 naming each bad one), counted and admitted through the decider,
+and answered by an :class:`~.exchange.Exchange`. Every other request is passed whole to the
+decider's own app on its Unix socket, and its answer passed back.
+
+Deadlines (:mod:`balanceroute.serving.http.deadline` describes them): a request's headers
+within ``header_timeout_s`` of its first byte (or of the connection's opening; else 408 and the
+connection is closed), its body within ``body_timeout_s`` more (else closed), and a kept-alive
+connection idle for ``idle_timeout_s`` is closed. A client that goes away cancels its request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import os
+from http import HTTPStatus
+from typing import Any
+
+import httptools
+import orjson
+from pydantic import BaseModel, ValidationError
+
+from balanceroute.features.prompts import chat_text
+from balanceroute.serving.gateway import errors
+from balanceroute.serving.gateway.life import LiveRequest
+from balanceroute.serving.gateway.plane.exchange import Exchange
+from balanceroute.serving.gateway.plane.upstream import RankPool
+from balanceroute.serving.gateway.split import wire
+from balanceroute.serving.gateway.split.lean import WorkerContext
+from balanceroute.serving.gateway.tokens import PromptCounter, prompt_key
+from balanceroute.serving.http.deadline import REQUEST_TIMEOUT
+from balanceroute.serving.http.origin_check import OriginCheck
+from balanceroute.serving.openai.requests import ChatBody, CompletionBody
+from balanceroute.serving.openai.responses import error_body
+
+log = logging.getLogger("balanceroute.gateway")
+JSON = b"application/json"
+HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"host"}
+ROUTES = {b"/v1/completions": (CompletionBody, False), b"/v1/chat/completions": (ChatBody, True)}
+Headers = list[tuple[bytes, bytes]]
+
+
+class BadBody(Exception):
+    """The body is not a valid request: ``body`` is vLLM's 400 answer."""
+
+    def __init__(self, body: bytes) -> None:
+        super().__init__("bad body")
+        self.body = body
+
+
+def check_body(raw: bytes, model: type[BaseModel]) -> tuple[dict[str, Any], Any]:
+    """The posted JSON object and its checked view; :class:`BadBody` naming each bad field."""
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        problems: list[dict[str, Any]] = [{"loc": ("body",), "msg": f"invalid JSON: {exc}"}]
+    else:
+        if not isinstance(data, dict):
+            problems = [{"loc": ("body",), "msg": "the body must be a JSON object"}]
+        else:
+            try:
+                return data, model.model_validate(data)
+            except ValidationError as exc:
+                problems = [{**e, "loc": ("body", *e.get("loc", ()))} for e in exc.errors()]
+    param = ".".join(str(p) for p in problems[0]["loc"] if p != "body") or None
+    raise BadBody(error_body(400, errors.validation_message(problems), "BadRequestError", param))
+
+
+class Front:
+    """What a worker's client connections share: the settings, the line to the decider, the
+    connections to the ranks, the prompt counter and the requests in flight."""
+
+    def __init__(self, ctx: WorkerContext, counter: PromptCounter, control: str) -> None:
+        self.ctx = ctx
+        self.settings = ctx.settings
+        self.counter = counter
+        self.control = control
+        self.pool = RankPool(ctx.settings)
+        self.origin = OriginCheck(None, ctx.settings, body=errors.refusal,  # type: ignore[arg-type]
+                                  content_type_status=400)  # fmt: skip
+        self.token = ctx.settings.token
+        self.exchanges: set[Exchange] = set()
+        self.connections: set[Connection] = set()
+        self.passing: set[asyncio.Task] = set()  # pass-throughs in flight (held: not collected)
+        self.idle = asyncio.Event()  # no request in flight
+        self.idle.set()
+
+    def began(self, ex: Exchange) -> None:
+        self.exchanges.add(ex)
+        self.idle.clear()
+
+    def ended(self, ex: Exchange) -> None:
+        self.exchanges.discard(ex)
+        if not self.exchanges:
+            self.idle.set()
+
+    def drain_over(self) -> None:
+        """The drain deadline passed: every request still running ends its answer."""
+        for ex in list(self.exchanges):
+            ex.cancel(gone=False)
+
+    def close_idle(self) -> None:
+        """Shutting down: close every connection not answering a request."""
+        for conn in list(self.connections):
+            if conn.exchange is None and not conn.busy:
+                conn.transport.close()
+
+
+class Connection(asyncio.Protocol):
+    """One client connection (module docstring)."""
+
+    def __init__(self, front: Front) -> None:
+        self.front = front
+        self.loop = asyncio.get_running_loop()
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]
+        self.url = b""
+        self.headers: Headers = []
+        self.body: list[bytes] = []
+        self.size = 0
+        self.too_big = False
+        self.queue: list[tuple[bytes, bytes, Headers, bytes, bool]] = []
+        self.exchange: Exchange | None = None
+        self.busy = False  # answering a request (an exchange, a pass-through, an error)
+        self.keep = True  # keep the connection after the answer in progress
+        self.timer: asyncio.TimerHandle | None = None
+        self.headers_done = False
+        self.paused = False
+        self.waiting_idle = False  # the timer is the kept-alive connection's idle deadline
+
+    # ---- asyncio ---------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.front.connections.add(self)
+        self._arm(self.front.settings.header_timeout_s)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._refuse(400, "upgrades are not served here")
+        except httptools.HttpParserError as exc:
+            self._refuse(400, f"not an HTTP/1.1 request: {exc}")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        self.front.connections.discard(self)
+        if self.exchange is not None:
+            self.exchange.cancel(gone=True)
+
+    def pause_writing(self) -> None:
+        self.paused = True
+        if self.exchange is not None:
+            self.exchange.pause()
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        if self.exchange is not None:
+            self.exchange.resume()
+
+    # ---- httptools -------------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        self.url, self.headers, self.body, self.size = b"", [], [], 0
+        self.too_big, self.headers_done = False, False
+        if not self.busy and (self.timer is None or self.waiting_idle):
+            self._arm(self.front.settings.header_timeout_s)  # from the request's first byte
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        self.headers_done = True
+        if not self.busy:
+            self._arm(self.front.settings.body_timeout_s)
+        limit = self.front.settings.max_body_bytes
+        for k, v in self.headers:
+            if k == b"content-length" and v.isdigit() and int(v) > limit:
+                self.too_big = True
+            elif k == b"expect" and v.lower() == b"100-continue" and not self.busy:
+                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl waits for it
+        if self.too_big and not self.busy:  # said so up front: answered now, not read
+            self._disarm()
+            self._handle(b"", b"", [], b"", False)
+
+    def on_body(self, body: bytes) -> None:
+        if self.transport.is_closing():
+            return
+        self.size += len(body)
+        if self.size > self.front.settings.max_body_bytes:
+            self.too_big = True
+        elif not self.too_big:
+            self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        if self.transport.is_closing():
+            return
+        method = self.parser.get_method()
+        keep = self.parser.should_keep_alive()
+        request = (method, self.url, self.headers, b"".join(self.body), keep)
+        if self.too_big:
+            request = (b"", b"", [], b"", False)
+        if self.busy:
+            self.queue.append(request)
+            self.transport.pause_reading()  # one request waits at most
+            return
+        self._disarm()
+        self._handle(*request)
+
+    # ---- requests --------------------------------------------------------------------------
+    def _handle(self, method: bytes, url: bytes, headers: Headers, body: bytes,
+                keep: bool) -> None:  # fmt: skip
+        self.busy, self.keep = True, keep
+        front = self.front
+        if not method:  # the body was too big
+            limit = front.settings.max_body_bytes
+            self.keep = False
+            self._json(413, error_body(413, f"the body is above {limit} bytes "
+                                       "(BALANCEROUTE_MAX_BODY_BYTES)"))  # fmt: skip
+            return
+        path = url.partition(b"?")[0]
+        scope = {"headers": headers, "method": method.decode("latin-1")}
+        refused = front.origin.problem(scope)
+        if refused is not None:
+            self._json(refused[0], errors.refusal(*refused))
+            return
+        route = ROUTES.get(path) if method == b"POST" else None
+        if route is None:
+            task = self.loop.create_task(self._pass(method, url, headers, body))
+            front.passing.add(task)
+            task.add_done_callback(front.passing.discard)
+            return
+        if front.token is not None and not self._authorized(headers):
+            self._json(401, error_body(401, "missing or invalid bearer token"),
+                       [(b"www-authenticate", b"Bearer")])  # fmt: skip
+            return
+        model, chat = route
+        try:
+            data, checked = check_body(body, model)
+        except BadBody as bad:
+            self._json(400, bad.body)
+            return
+        prompt = chat_text(data["messages"]) if chat else checked.single_prompt()
+        self._queue(path.decode(), headers, data, prompt, checked, chat)
+
+    def _authorized(self, headers: Headers) -> bool:
+        token = self.front.token
+        assert token is not None
+        given = next((v for k, v in headers if k == b"authorization"), b"")
+        scheme, _, value = given.partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(value, token.encode())
+
+    def _queue(self, path: str, headers: Headers, data: dict[str, Any], prompt: Any,
+               checked: Any, chat: bool) -> None:  # fmt: skip
+        """Count the prompt, ask the decider for a rank, and hand the request to an exchange."""
+        front, ctx = self.front, self.front.ctx
+        if ctx.drain.draining or ctx.channel.lost:
+            self.keep = False
+            self._json(503, error_body(503, "the gateway is shutting down"),
+                       [(b"retry-after", b"1")])  # fmt: skip
+            return
+        tokens, _ = front.counter.count(prompt)
+        key, key_hash = prompt_key(prompt)
+        channel = ctx.channel
+        rid = channel.new_id()
+        given = next((v for k, v in headers if k == b"x-request-id"), None)
+        request_id = given.decode("latin-1") if given else f"gw-{os.urandom(8).hex()}"
+        options = checked.stream_options
+        req = LiveRequest(
+            request_id=request_id, path=path, chat=chat, body=data, stream=checked.stream,
+            usage=bool(options and options.include_usage),
+            continuous=bool(options and options.continuous_usage_stats), prompt_tokens=tokens,
+            prompt_key=key, arrival=ctx.clock(), arrival_epoch=0.0, position=-1,
+            admitted=channel.admission(rid),
+        )  # fmt: skip
+        channel.send(wire.ADMIT, rid, tokens, key_hash, key, request_id, bool(checked.stream))
+        ex = Exchange(ctx, front.pool, self, req, rid)
+        self.exchange = ex
+        front.began(ex)
+        ex.start(self._exchange_done)
+
+    def _exchange_done(self, ex: Exchange) -> None:
+        self.front.ended(ex)
+        if self.exchange is ex:
+            self.exchange = None
+            if not ex.ended and not self.transport.is_closing():
+                self.keep = False  # an answer cut short: the connection cannot be reused
+                self._answered()
+
+    async def _pass(self, method: bytes, url: bytes, headers: Headers, body: bytes) -> None:
+        """Anything but a completion is the decider's: passed whole to its app."""
+        head = [method + b" " + url + b" HTTP/1.1", b"host: 127.0.0.1", b"connection: close",
+                b"content-length: %d" % len(body)]  # fmt: skip
+        head += [k + b": " + v for k, v in headers if k not in HOP]
+        try:
+            reader, writer = await asyncio.open_unix_connection(self.front.control)
+            writer.write(b"\r\n".join(head) + b"\r\n\r\n" + body)
+            raw = await reader.read()
+            writer.close()
+            status, out, content = parse_answer(raw)
+        except (OSError, ValueError) as exc:
+            self._json(503, error_body(503, f"the gateway's decider does not answer: {exc}"))
+            return
+        if self.transport.is_closing():
+            return
+        self.respond(status, [(k, v) for k, v in out if k not in HOP], content)
+
+    # ---- answers (also the exchange's) ---------------------------------------------------
+    def respond(self, status: int, headers: Headers, body: bytes) -> None:
+        """A whole answer with ``content-length``."""
+        lines = [b"HTTP/1.1 %d %s" % (status, _phrase(status))]
+        lines += [k + b": " + v for k, v in headers]
+        lines.append(b"content-length: %d" % len(body))
+        if not self.keep:
+            lines.append(b"connection: close")
+        self.transport.write(b"\r\n".join(lines) + b"\r\n\r\n" + body)
+        self._answered()
+
+    def start_stream(self, headers: Headers) -> None:
+        lines = [b"HTTP/1.1 200 OK", *(k + b": " + v for k, v in headers),
+                 b"transfer-encoding: chunked"]  # fmt: skip
+        if not self.keep:
+            lines.append(b"connection: close")
+        self.transport.write(b"\r\n".join(lines) + b"\r\n\r\n")
+
+    def write_chunk(self, data: bytes) -> None:
+        self.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+
+    def end_stream(self) -> None:
+        self.transport.write(b"0\r\n\r\n")
+        self._answered()
+
+    def _json(self, status: int, body: bytes, extra: Headers | None = None) -> None:
+        self.respond(status, [(b"content-type", JSON), *(extra or [])], body)
+
+    def _answered(self) -> None:
+        """The answer is written: the next request, the idle deadline, or close."""
+        self.busy = False
+        if not self.keep or self.front.ctx.drain.draining:
+            self.transport.close()
+            return
+        if self.queue:
+            self.transport.resume_reading()
+            self._handle(*self.queue.pop(0))
+            return
+        self._arm(self.front.settings.idle_timeout_s, idle=True)
+
+    def _refuse(self, status: int, message: str) -> None:
+        self.keep = False
+        if not self.busy:
+            self._json(status, error_body(status, message))
+        else:
+            self.transport.close()
+
+    # ---- deadlines -------------------------------------------------------------------------
+    def _arm(self, seconds: float, idle: bool = False) -> None:
+        self._disarm()
+        self.timer = self.loop.call_later(seconds, self._expired, idle)
+        self.waiting_idle = idle
+
+    def _disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _expired(self, idle: bool) -> None:
+        self.timer = None
+        if self.transport.is_closing() or self.busy:
+            return
+        if not idle:
+            stage = "body" if self.headers_done else "headers"
+            log.warning("closing a connection: its request's %s did not arrive in time", stage)
+            if not self.headers_done:
+                self.transport.write(REQUEST_TIMEOUT)
+        self.transport.close()
+
+
+def parse_answer(raw: bytes) -> tuple[int, Headers, bytes]:
+    """A whole HTTP/1.1 answer read to its end: status, headers, body (ValueError if cut)."""
+    got: dict[str, Any] = {"headers": [], "body": [], "done": False}
+
+    class Reader:
+        def on_header(self, name: bytes, value: bytes) -> None:
+            got["headers"].append((name.lower(), value))
+
+        def on_body(self, body: bytes) -> None:
+            got["body"].append(body)
+
+        def on_message_complete(self) -> None:
+            got["done"] = True
+
+    parser = httptools.HttpResponseParser(Reader())
+    try:
+        parser.feed_data(raw)
+    except httptools.HttpParserError as exc:
+        raise ValueError(f"a bad answer from the decider: {exc}") from None
+    if not got["done"]:
+        raise ValueError("the decider's answer ended early")
+    return parser.get_status_code(), got["headers"], b"".join(got["body"])
+
+
+def _phrase(status: int) -> bytes:
+    try:
+        return HTTPStatus(status).phrase.encode()
+    except ValueError:
+        return b"Status"

@@ -1,0 +1,164 @@
+"""Kept-alive HTTP/1.1 connections to the ranks, one request at a time each, parsed by
+httptools: the request is written whole, and the response's status and body pieces go to the
+request's :class:`Sink` as they are read (the body already un-chunked). A connection whose
+response ended cleanly and that the rank keeps alive goes back to its rank's idle list.
+
+Closing a connection is how a request is cancelled on the rank (vLLM and the emulator abort a
+request whose client went away), so a request that ends early closes its connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+from urllib.parse import urlsplit
+
+import httptools
+
+from balanceroute.serving.gateway.settings import GatewaySettings
+
+
+class Sink(Protocol):
+    """What a request's exchange hears from its upstream connection."""
+
+    def head(self, status: int) -> None: ...
+
+    def body(self, data: bytes) -> None: ...
+
+    def complete(self) -> None: ...
+
+    def broken(self, why: str) -> None: ...
+
+
+class Upstream(asyncio.Protocol):
+    """One connection to a rank (module docstring)."""
+
+    def __init__(self, pool: RankPool, rank: int) -> None:
+        self.pool = pool
+        self.rank = rank
+        self.parser = httptools.HttpResponseParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.sink: Sink | None = None
+        self.busy = False  # a response is still due (the sink may have let go of it)
+        self.heard = False  # a byte of the current response arrived
+        self.closed = False
+
+    # ---- asyncio ---------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.heard = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(f"the rank's answer is not HTTP: {exc}")
+            self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.pool.forget(self)
+        self._fail(f"the connection closed ({exc or 'by the rank'})")
+
+    # ---- httptools -------------------------------------------------------------------------
+    def on_headers_complete(self) -> None:
+        if self.sink is not None:
+            self.sink.head(self.parser.get_status_code())
+
+    def on_body(self, body: bytes) -> None:
+        if self.sink is not None:
+            self.sink.body(body)
+
+    def on_message_complete(self) -> None:
+        sink, self.sink = self.sink, None
+        self.busy = False
+        if self.parser.should_keep_alive() and not self.closed:
+            self.pool.put(self)
+        else:
+            self.close()
+        if sink is not None:
+            sink.complete()
+
+    # ---- the exchange's side ---------------------------------------------------------------
+    def send(self, sink: Sink, request: bytes) -> None:
+        """Write one whole request; its answer goes to ``sink``."""
+        assert self.transport is not None
+        self.sink, self.busy, self.heard = sink, True, False
+        self.transport.write(request)
+
+    def release(self) -> None:
+        """The exchange has what it needs: the rest of the answer is read and dropped, then the
+        connection is reused."""
+        self.sink = None
+        if not self.busy and not self.closed:
+            self.pool.put(self)
+
+    def pause(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.pause_reading()
+
+    def resume(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+
+    def close(self) -> None:
+        """Close the connection (a request on it is cancelled on the rank)."""
+        self.sink = None
+        self.closed = True
+        self.pool.forget(self)
+        if self.transport is not None:
+            self.transport.close()
+
+    def _fail(self, why: str) -> None:
+        sink, self.sink = self.sink, None
+        if sink is not None:
+            sink.broken(why)
+
+
+class RankPool:
+    """Each rank's idle kept-alive connections, and new ones when none is idle."""
+
+    def __init__(self, settings: GatewaySettings) -> None:
+        self.settings = settings
+        self.idle: dict[int, list[Upstream]] = {}
+        self.where: dict[int, tuple[str, int, str, bytes]] = {}
+
+    def address(self, rank: int) -> tuple[str, int, str, bytes]:
+        """``rank``'s host, port, path prefix and ``Host`` header value."""
+        found = self.where.get(rank)
+        if found is None:
+            url = urlsplit(self.settings.rank_url(rank))
+            port = url.port or (443 if url.scheme == "https" else 80)
+            found = (url.hostname or "127.0.0.1", port, url.path.rstrip("/"), url.netloc.encode())
+            self.where[rank] = found
+        return found
+
+    async def connect(self, rank: int) -> tuple[Upstream, bool]:
+        """A connection to ``rank`` (an idle one first) and whether it was reused; OSError or
+        TimeoutError when a new one cannot be made within ``connect_timeout_s``."""
+        idle = self.idle.get(rank)
+        while idle:
+            up = idle.pop()
+            if not up.closed and up.transport is not None and not up.transport.is_closing():
+                return up, True
+        host, port, _, _ = self.address(rank)
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout(self.settings.connect_timeout_s):
+            _, up = await loop.create_connection(lambda: Upstream(self, rank), host, port)
+        return up, False
+
+    def put(self, up: Upstream) -> None:
+        idle = self.idle.setdefault(up.rank, [])
+        if up not in idle:
+            idle.append(up)
+
+    def forget(self, up: Upstream) -> None:
+        idle = self.idle.get(up.rank)
+        if idle and up in idle:
+            idle.remove(up)
+
+    def close(self) -> None:
+        for idle in list(self.idle.values()):
+            for up in list(idle):
+                up.close()
+        self.idle.clear()

@@ -1,0 +1,159 @@
+"""The Protocol data plane's stream handling without processes: whatever pieces the rank's
+stream arrives in, the client gets every event whole and in order (the usage chunk only when
+asked), the token count and finish reason are exact; the front's body check answers as vLLM."""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from balanceroute.serving.gateway.life import LiveRequest
+from balanceroute.serving.gateway.plane.exchange import Exchange, request_head
+from balanceroute.serving.gateway.plane.front import BadBody, check_body, parse_answer
+from balanceroute.serving.gateway.plane.upstream import RankPool
+from balanceroute.serving.gateway.relay import FINISHED
+from balanceroute.serving.gateway.settings import GatewaySettings
+from balanceroute.serving.gateway.split.channel import DeciderChannel
+from balanceroute.serving.gateway.split.lean import WorkerContext
+from balanceroute.serving.openai.assemble import Assembler
+from balanceroute.serving.openai.requests import CompletionBody
+
+SETTINGS = GatewaySettings(ranks=["http://127.0.0.1:9/base"], slots=4)
+TOKENS = 25
+
+
+def rank_stream(chat: bool) -> tuple[bytes, bytes]:
+    """A vLLM stream asked for ``include_usage`` (no usage in a token chunk), and its usage
+    event."""
+    out = b""
+    for n in range(1, TOKENS + 1):
+        reason = "length" if n == TOKENS else None
+        if chat:
+            choice = {"index": 0, "delta": {"content": f" w{n}"}, "finish_reason": reason}
+        else:
+            choice = {"index": 0, "text": f" w{n}", "finish_reason": reason}
+        obj = {"id": "x", "created": 1, "model": "m", "choices": [choice]}
+        out += b"data: " + orjson.dumps(obj) + b"\n\n"
+    usage = {"prompt_tokens": 3, "completion_tokens": TOKENS, "total_tokens": TOKENS + 3}
+    event = b"data: " + orjson.dumps({"id": "x", "model": "m", "choices": [], "usage": usage})
+    return out + event + b"\n\n" + b"data: [DONE]\n\n", event + b"\n\n"
+
+
+class Client:
+    """Records what an exchange writes to its client."""
+
+    def __init__(self) -> None:
+        self.head: list | None = None
+        self.chunks: list[bytes] = []
+        self.ended = False
+        self.whole: tuple[int, bytes] | None = None
+
+    def start_stream(self, headers: list) -> None:
+        self.head = headers
+
+    def write_chunk(self, data: bytes) -> None:
+        assert self.head is not None and not self.ended
+        self.chunks.append(data)
+
+    def end_stream(self) -> None:
+        self.ended = True
+
+    def respond(self, status: int, headers: list, body: bytes) -> None:
+        self.whole = (status, body)
+
+
+def relay(pieces: list[bytes], *, stream: bool, usage: bool, chat: bool
+          ) -> tuple[Client, Exchange, str]:  # fmt: skip
+    async def run() -> tuple[Client, Exchange, str]:
+        loop = asyncio.get_running_loop()
+        ctx = WorkerContext(SETTINGS, DeciderChannel("/nowhere", lambda: None), None)
+        req = LiveRequest(request_id="r", path="/v1/completions", chat=chat, body={},
+                          stream=stream, usage=usage, continuous=False, prompt_tokens=3,
+                          prompt_key="k", arrival=0.0, arrival_epoch=0.0, position=-1,
+                          admitted=loop.create_future())  # fmt: skip
+        client = Client()
+        ex = Exchange(ctx, RankPool(SETTINGS), client, req, 1)
+        ex.rank = 0
+        ex.result = loop.create_future()
+        ex.st.whole = None if stream else Assembler(chat)  # as an attempt sets it up
+        ex.head(200)
+        for piece in pieces:
+            ex.body(piece)
+        return client, ex, ex.result.result() if ex.result.done() else "open"
+
+    return asyncio.run(run())
+
+
+def cut(data: bytes, sizes: list[int]) -> list[bytes]:
+    out, i, k = [], 0, 0
+    while i < len(data):
+        size = sizes[k % len(sizes)]
+        out.append(data[i : i + size])
+        i, k = i + size, k + 1
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.integers(1, 500), min_size=1, max_size=40), usage=st.booleans(),
+       chat=st.booleans())  # fmt: skip
+def test_every_event_reaches_the_client_whole_at_any_cut(sizes, usage, chat):
+    data, usage_event = rank_stream(chat)
+    client, ex, outcome = relay(cut(data, sizes), stream=True, usage=usage, chat=chat)
+    expected = data if usage else data.replace(usage_event, b"")
+    assert outcome == FINISHED and client.ended
+    assert b"".join(client.chunks) == expected
+    assert ex.st.tokens == TOKENS and ex.st.finish_reason == "length"
+    assert (b"x-request-id", b"r") in (client.head or [])
+
+
+@settings(max_examples=20, deadline=None)
+@given(sizes=st.lists(st.integers(1, 300), min_size=1, max_size=20))
+def test_a_whole_answer_is_assembled_at_any_cut(sizes):
+    data, _ = rank_stream(False)
+    client, _, outcome = relay(cut(data, sizes), stream=False, usage=False, chat=False)
+    assert outcome == FINISHED and client.whole is not None
+    status, body = client.whole
+    answer = orjson.loads(body)
+    assert status == 200 and answer["usage"]["completion_tokens"] == TOKENS
+    assert answer["choices"][0]["text"] == "".join(f" w{n}" for n in range(1, TOKENS + 1))
+    assert answer["choices"][0]["finish_reason"] == "length"
+
+
+def test_an_error_event_after_the_first_token_ends_the_stream_with_one():
+    data, _ = rank_stream(False)
+    first = data[: data.index(b"\n\n") + 2]
+    error = b'data: {"error": {"message": "boom"}}\n\n'
+    client, _, outcome = relay([first, error], stream=True, usage=False, chat=False)
+    assert outcome == FINISHED and client.ended
+    body = b"".join(client.chunks)
+    assert body.startswith(first) and b"boom" in body and body.endswith(b"data: [DONE]\n\n")
+    # in the same piece as the first token, the client has seen nothing: a 502, as in one process
+    client, _, outcome = relay([first + error], stream=True, usage=False, chat=False)
+    assert outcome == FINISHED and client.whole is not None and client.whole[0] == 502
+
+
+def test_the_body_check_answers_as_vllm():
+    with pytest.raises(BadBody) as bad:
+        check_body(b'{"prompt": 3}', CompletionBody)
+    error = orjson.loads(bad.value.body)["error"]
+    assert error["type"] == "BadRequestError" and error["param"].startswith("prompt")
+    with pytest.raises(BadBody) as bad:
+        check_body(b"[1]", CompletionBody)
+    assert "JSON object" in orjson.loads(bad.value.body)["error"]["message"]
+    data, checked = check_body(b'{"prompt": "hi", "stream": true}', CompletionBody)
+    assert data["prompt"] == "hi" and checked.stream is True
+
+
+def test_the_request_head_and_an_answer_parse():
+    head = request_head(RankPool(SETTINGS), 0, "/v1/completions", {"x-request-id": "a"}, 12)
+    assert head.startswith(b"POST /base/v1/completions HTTP/1.1\r\nhost: 127.0.0.1:9\r\n")
+    assert head.endswith(b"x-request-id: a\r\ncontent-length: 12\r\n\r\n")
+    status, headers, body = parse_answer(b"HTTP/1.1 404 Not Found\r\ncontent-length: 2\r\n"
+                                         b"X-A: b\r\n\r\nno")  # fmt: skip
+    assert (status, body) == (404, b"no") and (b"x-a", b"b") in headers
+    with pytest.raises(ValueError):
+        parse_answer(b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\nshort")

@@ -79,7 +79,10 @@ def seen(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                 return entries if full and all(e["num_tokens"] > 0 for e in entries) else None
 
             out["busy"] = _until(busy)
-            out["emulator_running"] = emu.metrics("vllm:num_requests_running")
+            # the ranks start a forwarded request at their next iteration: wait for them
+            running = lambda: emu.metrics("vllm:num_requests_running")  # noqa: E731
+            _until(lambda: running() == RANKS * SLOTS)
+            out["emulator_running"] = running()
         finally:
             loop.call_soon_threadsafe(stop.set)
             holder.join(30)

@@ -8,7 +8,9 @@ import pytest
 
 from balanceroute.cli import main as balanceroute_main
 from balanceroute.features.errors import UserError
+from balanceroute.features.synthetic import generate
 from balanceroute.router.lab.ab import ABConfig, aggregate, run_ab
+from balanceroute.router.lab.twin import TwinConfig
 from balanceroute.router.policies.specs import RouterSpec, parse_arms
 
 ARMS = "count-jsq,token-jsq,br0,brh:none,brh:survival,brh:oracle{gamma=0.9;beta=20}"
@@ -193,9 +195,6 @@ def test_arm_strings_parse_uris_and_options():
 
 
 def test_each_windows_twin_weight_is_kept_in_the_summary():
-    from balanceroute.features.synthetic import generate
-    from balanceroute.router.lab.twin import TwinConfig
-
     frame = generate("paper-prod", 900, seed=5)
     cfg = ABConfig(
         arms=tuple(parse_arms("brh:none{horizon=16},brh:survival{horizon=16}")),

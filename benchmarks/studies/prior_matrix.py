@@ -50,6 +50,7 @@ DATA = ROOT.parent / "shared" / "data"
 ESTIMATORS = ("survival", "exactmatch", "gbdt")
 MODEL = "models:/completion-predictor"
 METRIC = "steady_mean_imbalance"
+FALLBACK = "mean_imbalance"  # where the pool never waits (no steady state): the whole run's
 TRACES = {
     "azure": DATA / "azure_llm_2023_conv.csv",
     "mooncake": DATA / "mooncake_conversation.jsonl",
@@ -287,11 +288,19 @@ def run_configuration(cfg: Configuration, args: argparse.Namespace) -> Path:
     return folder
 
 
+def headline_metric(summary: dict[str, Any]) -> str:
+    """The steady imbalance, or the whole run's where no window of the reference has a steady
+    state (a group at 1.1x capacity whose queue never builds)."""
+    ref = summary["arms"][summary["reference"]].get("paired", {})
+    return METRIC if METRIC in ref else FALLBACK
+
+
 def window_values(summary: dict[str, Any], arm: str) -> np.ndarray:
-    """The arm's steady imbalance per window (``ab``'s ``repeats``), NaN where none."""
+    """The arm's headline imbalance per window (``ab``'s ``repeats``), NaN where none."""
+    metric = headline_metric(summary)
     return np.array(
         [
-            np.nan if r.get(METRIC) is None else float(r[METRIC])
+            np.nan if r.get(metric) is None else float(r[metric])
             for r in summary["arms"][arm]["repeats"]
         ],
         dtype=float,
@@ -334,7 +343,8 @@ def build_matrix(cfg: Configuration, folder: Path) -> dict[str, Any]:
     summary = json.loads((folder / "ab" / "summary.json").read_text())
     rec = json.loads((folder / "evaluate" / "recommendation.json").read_text())
     ab_arms = summary["config"]["arms"]
-    paired = {a: summary["arms"][a].get("paired", {}).get(METRIC) for a in ab_arms}
+    metric = headline_metric(summary)
+    paired = {a: summary["arms"][a].get("paired", {}).get(metric) for a in ab_arms}
     oracle = paired.get("brh:oracle")
     rows = {}
     for k in ESTIMATORS:
@@ -404,7 +414,8 @@ def build_matrix(cfg: Configuration, folder: Path) -> dict[str, Any]:
         else len(summary["config"]["windows"]),
         "window_requests": summary["config"].get("window_requests"),
         "window_overlap": summary["config"].get("window_overlap"),
-        "noise_floor": summary.get("noise_floor", {}).get("paired", {}).get(METRIC),
+        "metric": metric,
+        "noise_floor": summary.get("noise_floor", {}).get("paired", {}).get(metric),
         "oracle": oracle,
         "estimators": rows,
         "evaluate": evaluation,
@@ -438,6 +449,8 @@ def prior_text(t: dict[str, Any]) -> str:
 def render(m: dict[str, Any]) -> str:
     """The configuration's markdown table and its evaluate line."""
     mode = "saturated" if m["load"] is None else f"{m['load']}x capacity"
+    if m.get("metric", METRIC) != METRIC:
+        mode += "; no steady state: mean imbalance of the whole window"
     lines = [
         f"| {m['configuration']} (G = 8, B = {m['slots']}, {mode}) | default | unguarded | "
         "share of the unguarded gain | share of the oracle's | prior (start; upper ends) | "

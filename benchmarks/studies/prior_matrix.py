@@ -338,9 +338,33 @@ def twin_info(summary: dict[str, Any], arm: str) -> dict[str, Any]:
     }
 
 
+def with_parent_arms(summary: dict[str, Any], parent: dict[str, Any]) -> dict[str, Any]:
+    """A re-run of the default arms (``--tag``) with the unguarded arms and the oracle of the
+    configuration's first run: the same windows of the same replay (checked: the reference's
+    windows are identical), so they pair window by window."""
+    ref = summary["reference"]
+
+    def values(s: dict[str, Any]) -> list:
+        return [(r.get(METRIC), r.get(FALLBACK)) for r in s["arms"][ref]["repeats"]]
+
+    same = values(summary) == values(parent)
+    if not same or parent["reference"] != ref:
+        raise SystemExit("prior_matrix: the re-run's windows differ from the first run's")
+    arms = dict(summary["arms"])
+    order = list(summary["config"]["arms"])
+    for arm in parent["config"]["arms"]:
+        if arm not in arms:
+            arms[arm] = parent["arms"][arm]
+            order.append(arm)
+    return {**summary, "arms": arms, "config": {**summary["config"], "arms": order}}
+
+
 def build_matrix(cfg: Configuration, folder: Path) -> dict[str, Any]:
     """The configuration's target table from its run folder."""
     summary = json.loads((folder / "ab" / "summary.json").read_text())
+    parent = folder.parent / "ab" / "summary.json"
+    if folder.parent.name == cfg.name and parent.exists():
+        summary = with_parent_arms(summary, json.loads(parent.read_text()))
     rec = json.loads((folder / "evaluate" / "recommendation.json").read_text())
     ab_arms = summary["config"]["arms"]
     metric = headline_metric(summary)
@@ -406,6 +430,7 @@ def build_matrix(cfg: Configuration, folder: Path) -> dict[str, Any]:
     }
     return {
         "configuration": cfg.name,
+        "tag": folder.name if folder.parent.name == cfg.name else "",
         "workload": summary["config"]["workload_text"],
         "slots": cfg.slots,
         "load": cfg.load,
@@ -452,7 +477,8 @@ def render(m: dict[str, Any]) -> str:
     if m.get("metric", METRIC) != METRIC:
         mode += "; no steady state: mean imbalance of the whole window"
     lines = [
-        f"| {m['configuration']} (G = 8, B = {m['slots']}, {mode}) | default | unguarded | "
+        f"| {m['configuration']}{' (' + m['tag'] + ')' if m.get('tag') else ''} "
+        f"(G = 8, B = {m['slots']}, {mode}) | default | unguarded | "
         "share of the unguarded gain | share of the oracle's | prior (start; upper ends) | "
         "windows at w > 0 |",
         "|---|---|---|---|---|---|---|",

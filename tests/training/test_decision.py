@@ -196,26 +196,6 @@ def test_twin_scores_are_the_twins_verdict_on_the_holdout(monkeypatch):
         assert s["twin_ratio"] == 1.0
 
 
-def test_a_model_that_knows_the_holdout_is_recommended_from_the_holdout_alone():
-    """The twin's verdict rests on the holdout's own windows: exactmatch fitted on the holdout
-    (it knows every output, as an oracle would) is significantly better than no prediction and
-    recommended, though the holdout is far too short for an online twin to decide (6 blocks)
-    and the model carries no prior; one that knows nothing useful is not."""
-    trace = generate("paper-prod", 1400, seed=5)
-    holdout = make_holdout(trace)
-    knows = make_estimator("exactmatch", horizon=H).fit(holdout.test)
-    guesses = make_estimator("survival", horizon=H).fit(holdout.train.iloc[:40])
-    cfg = ReplayScoreConfig(workers=2, slots=8, twin_windows=12)
-    assert len(holdout.test) < 6 * twin_module.TwinConfig().block_size(2, 8)
-    out = twin_scores({"knows": knows, "guesses": guesses}, holdout.test, cfg)
-    s = out["knows"]
-    assert s["twin_weight"] > 0 and s["twin_upper"] < 1.0 and s["twin_ratio"] < 0.9
-    assert s["twin_from_prior"] == 0.0
-    metrics = {k: dict(v) for k, v in out.items()}
-    metrics[REFERENCE] = {"twin_ratio": 1.0}
-    assert recommend(metrics).pick == "knows"
-
-
 def _prior_1() -> TwinPrior:
     return TwinPrior(
         start_weight=1.0,
@@ -252,6 +232,7 @@ def test_twin_scores_quote_a_models_prior_only_for_a_holdout_shorter_than_a_bloc
     s = twin_scores({"survival": est}, part, cfg)["survival"]
     verdict = measure_prior(est, part, PriorConfig(2, 8, None, cfg.twin_windows))
     assert s["twin_from_prior"] == 0.0 and s["twin_weight"] == verdict.start_weight
+    assert s["twin_weight"] == 0.0  # here the holdout does not confirm the prior's w = 1
     j = verdict.candidates.index(verdict.start_weight)
     expected = 1.0 if j == 0 else float(np.exp(verdict.mean_log_ratio[j]))
     assert s["twin_ratio"] == pytest.approx(expected)

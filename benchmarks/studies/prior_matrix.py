@@ -230,27 +230,28 @@ def run_configuration(cfg: Configuration, args: argparse.Namespace) -> Path:
         [folder / "models", folder / "mlflow.db", folder / "mlruns"],
     )
     load = ["--load", str(cfg.load)] if cfg.load is not None else []
-    step(
-        folder,
-        "evaluate",
-        [
-            br,
+    if not args.no_evaluate:
+        step(
+            folder,
             "evaluate",
-            "--trace",
-            str(tail),
-            "--estimator",
-            ",".join(est),
-            "--workers",
-            "8",
-            "--slots",
-            str(cfg.slots),
-            *load,
-            "--out",
-            "evaluate",
-        ],
-        env,
-        [folder / "evaluate"],
-    )
+            [
+                br,
+                "evaluate",
+                "--trace",
+                str(tail),
+                "--estimator",
+                ",".join(est),
+                "--workers",
+                "8",
+                "--slots",
+                str(cfg.slots),
+                *load,
+                "--out",
+                "evaluate",
+            ],
+            env,
+            [folder / "evaluate"],
+        )
     step(
         folder,
         "ab",
@@ -365,7 +366,8 @@ def build_matrix(cfg: Configuration, folder: Path) -> dict[str, Any]:
     parent = folder.parent / "ab" / "summary.json"
     if folder.parent.name == cfg.name and parent.exists():
         summary = with_parent_arms(summary, json.loads(parent.read_text()))
-    rec = json.loads((folder / "evaluate" / "recommendation.json").read_text())
+    made = folder / "evaluate" / "recommendation.json"
+    rec = json.loads(made.read_text()) if made.exists() else None
     ab_arms = summary["config"]["arms"]
     metric = headline_metric(summary)
     paired = {a: summary["arms"][a].get("paired", {}).get(metric) for a in ab_arms}
@@ -386,7 +388,6 @@ def build_matrix(cfg: Configuration, folder: Path) -> dict[str, Any]:
             "twin": twin_info(summary, default),
         }
     defaults = {"none": "brh:none", **{k: f"brh:{k}@{MODEL}@{k}" for k in rows}}
-    picked = defaults.get(rec["pick"], "brh:none")
 
     def best_of(candidates: dict[str, str]) -> str:
         def ratio(arm: str) -> float:
@@ -418,16 +419,18 @@ def build_matrix(cfg: Configuration, folder: Path) -> dict[str, Any]:
             "verdict": "not significantly different" if same else "worse than the best",
         }
 
-    evaluation = {
-        "pick": rec["pick"],
-        "score": rec["score"],
-        "scores": rec["scores"],
-        "picked_arm": picked,
-        "against_defaults": judge(best, defaults),
-        "against_unguarded": None
-        if best_unguarded is None
-        else judge(best_unguarded, unguarded_arms),
-    }
+    evaluation = None
+    if rec is not None:
+        evaluation = {
+            "pick": rec["pick"],
+            "score": rec["score"],
+            "scores": rec["scores"],
+            "picked_arm": defaults.get(rec["pick"], "brh:none"),
+            "against_defaults": judge(best, defaults),
+            "against_unguarded": None
+            if best_unguarded is None
+            else judge(best_unguarded, unguarded_arms),
+        }
     return {
         "configuration": cfg.name,
         "tag": folder.name if folder.parent.name == cfg.name else "",
@@ -495,6 +498,8 @@ def render(m: dict[str, Any]) -> str:
     lines.append(f"| `brh:oracle` | {cell(m['oracle'])} | | | | | |")
     lines.append(f"| noise floor | {cell(m['noise_floor'])} | | | | | |")
     e = m["evaluate"]
+    if e is None:
+        return "\n".join(lines)
     scores = ", ".join(f"{k} {v:.3f}" for k, v in sorted(e["scores"].items()))
     parts = [f"`evaluate` picks `{e['pick']}` (by {e['score']}: {scores})"]
     for name, j in (
@@ -522,6 +527,7 @@ def main() -> None:
         help="the balanceroute that trains and replays (another checkout's)",
     )
     ap.add_argument("--tag", default="", help="sub-folder: a re-run of the default arms")
+    ap.add_argument("--no-evaluate", action="store_true", help="no evaluate step (its CPU)")
     ap.add_argument("--table", nargs="*", type=Path, help="print matrix.json files as markdown")
     args = ap.parse_args()
     if args.table:

@@ -24,8 +24,10 @@ progress goes to stderr. Run under ``nice``:
         code-completion-b32-saturate code-completion-b32-load --jobs 2 --out runs/prior-matrix
     .venv/bin/python benchmarks/studies/prior_matrix.py --table runs/prior-matrix/*/matrix.json
 
-``--tag NAME --prior-from DIR`` re-runs only the default arms (and ``evaluate``) with models
-trained by another checkout's ``balanceroute`` (``--balanceroute PATH``), into ``DIR/NAME``.
+``--tag NAME --balanceroute PATH`` trains with another checkout's ``balanceroute`` (another
+prior) into ``<configuration>/NAME`` and replays only the default arms, paired with the first
+run's unguarded arms and oracle (the same windows); ``--no-evaluate`` skips ``evaluate`` (its
+twin test costs ``3 x 12`` block replays per estimator).
 """
 
 from __future__ import annotations

@@ -24,16 +24,21 @@ holdout's requests (a score of the estimator in the router, not of its accuracy)
 router runs without its do-no-harm guard: on replays this short the guarded router stands aside
 for most estimators, and every ratio comes out 1 whatever the estimator is worth.
 
-Twin ratio (``twin_ratio``): the decode group's twin (``router/lab/twin.py``) run over the
-holdout in arrival order with each estimator: paired replays of overlapping blocks under the
-blend weights, its sequential test and hysteresis. The score is the geometric mean, over the
-blocks, of the ratio of the steady imbalance at the weight the twin settles on to that without
-prediction (1 where the twin keeps ``w = 0``): what the default BR-H makes of the estimator.
-``twin_weight`` is that weight, ``twin_upper`` the upper end of the twin's one-sided bound
-for it (below 1 when the twin found it significantly better). A model carrying the twin's
-prior for this group shape (``router/lab/twin_prior.py``) starts the twin there; where the
-holdout then gives the twin fewer than two blocks of its own, the ratio and bound are the
-prior's (``twin_from_prior`` 1, else 0).
+Twin ratio (``twin_ratio``): the decode group's twin's paired test (``router/lab/twin.py``) on
+the holdout, with each estimator: ``twin_windows`` evenly spaced, overlapping windows of the
+twin's block length (``8 G B`` requests), each replayed under every blend weight, paired with
+``w = 0``, and judged by the twin's own rule (the upper end of the interval widened by
+``sqrt(overlap)`` below ``exp(-margin)``: ``router/lab/twin_prior.measure_prior``, what
+``train`` measures the prior with). The score is the geometric mean over the windows of the
+ratio of the imbalance at the weight the test settles on to that without prediction (1 where it
+keeps ``w = 0``): what the default BR-H makes of the estimator on these requests. ``twin_weight``
+is that weight, ``twin_upper`` the upper end of its interval (below 1 when the twin found it
+significantly better). The holdout is evidence the model never saw, like the A/B's replayed
+half; the twin run online over a holdout this short (a few thousand requests) would reach fewer
+than the 6 blocks it needs to decide and only quote the model's prior, which was measured on
+other requests (on Azure it kept ``w = 0`` where the A/B's later half gains 27%:
+docs/results.md). Where the holdout holds less than one block, the ratio and bound are the
+model's prior for this group shape, if it carries one (``twin_from_prior`` 1, else 0).
 
 Like the A/B harness, the requests are replayed in ``repeats`` evenly spaced windows of half of
 them each (one replay varies a lot from window to window): the states are sampled in every
@@ -43,6 +48,7 @@ window, and the replay ratio is the median over the windows.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,10 +59,13 @@ from balanceroute.features.errors import UserError
 from balanceroute.predict.base import CompletedBatch, CompletionEstimator, Fitting, RunningBatch
 from balanceroute.router.lab.ab import replay_windows
 from balanceroute.router.lab.prefill import PrefillConfig
-from balanceroute.router.lab.runner import ReplaySpec, released_requests, replay
-from balanceroute.router.lab.twin import DecodeTwin, TwinGroup
-from balanceroute.router.lab.twin_prior import prior_start
-from balanceroute.router.lab.twin_schedule import finished_all
+from balanceroute.router.lab.runner import ReplaySpec, replay
+from balanceroute.router.lab.twin_prior import (
+    DEFAULT_PRIOR_WINDOWS,
+    PriorConfig,
+    measure_prior,
+    prior_start,
+)
 from balanceroute.router.policies.policy import Policy, RunContext
 from balanceroute.router.policies.specs import RouterSpec
 from balanceroute.router.policies.state import Admissions, RouterState
@@ -86,9 +95,13 @@ class ReplayScoreConfig:
     twin: bool = field(
         default=True,
         metadata={
-            "help": "twin_ratio: the decode twin's paired replays of the holdout (blocks of "
-            "8 G B requests) under each estimator, at the blend weight the twin settles on"
+            "help": "twin_ratio: the decode twin's paired test on the holdout (windows of its "
+            "block length, 8 G B requests) under each estimator, at the blend weight it settles on"
         },
+    )
+    twin_windows: int = field(
+        default=DEFAULT_PRIOR_WINDOWS,
+        metadata={"help": "overlapping windows of the holdout the twin's paired test replays"},
     )
     guard: bool = field(
         default=False,
@@ -106,6 +119,7 @@ class ReplayScoreConfig:
             (self.repeats >= 1, f"repeats must be >= 1, got {self.repeats}"),
             (self.every >= 1, f"every must be >= 1, got {self.every}"),
             (self.max_states >= 1, f"max_states must be >= 1, got {self.max_states}"),
+            (self.twin_windows >= 2, f"twin_windows must be >= 2, got {self.twin_windows}"),
         ]
         for ok, msg in checks:
             if not ok:
@@ -257,7 +271,7 @@ def replay_scores(
             steady = summary["steady_mean_imbalance"]
             if steady is not None and base:  # None: the pool never waited (a window too small)
                 ratios[kind].append(steady / base)
-    twin = twin_scores(estimators, requests, horizon, cfg) if cfg.twin else {}
+    twin = twin_scores(estimators, requests, cfg) if cfg.twin else {}
     return {
         k: {
             **twin.get(k, {}),
@@ -273,58 +287,61 @@ def replay_scores(
 def twin_scores(
     estimators: dict[str, CompletionEstimator],
     requests: pd.DataFrame,
-    horizon: int,
     cfg: ReplayScoreConfig,
 ) -> dict[str, dict[str, float]]:
-    """``twin_ratio``, ``twin_weight`` and ``twin_upper`` of every estimator: the twin's
-    paired block replays of ``requests`` (copies of the estimators; the replays without
-    prediction are shared)."""
-    spec = cfg.spec(horizon)
-    router = RouterSpec.parse(f"brh{{horizon={int(horizon)}}}")
-    spec = ReplaySpec(
-        router=router,
-        workers=spec.workers,
-        slots=spec.slots,
-        prefill=spec.prefill,
-        load=spec.load,
-    )
-    released, _ = released_requests(requests, spec)
-    group = TwinGroup(router, spec.workers, spec.slots, spec.cost, spec.seed)
+    """``twin_ratio``, ``twin_weight`` and ``twin_upper`` of every estimator: the twin's paired
+    test on ``requests`` (``cfg.twin_windows`` overlapping windows of its block length, each
+    candidate weight against ``w = 0``, its rule at its level and margin), or, where
+    ``requests`` hold less than one block, the model's prior for the group (copies of the
+    estimators; the replays without prediction are shared)."""
+    shape = PriorConfig(cfg.workers, cfg.slots, cfg.load, cfg.twin_windows)
     baseline: dict = {}
     out = {}
     for kind, est in estimators.items():
         if est.fitting is Fitting.NONE or not est.deployable:
-            out[kind] = {
-                "twin_ratio": 1.0,
-                "twin_weight": 0.0,
-                "twin_upper": 1.0,
-                "twin_from_prior": 0.0,
-            }
+            out[kind] = {**NO_TWIN}
             continue
-        # a model carrying the twin's prior for this shape starts there, as in the A/B
-        start = prior_start(est, spec.workers, spec.slots, spec.load)
-        warm = None if start is None else start.test
-        twin = DecodeTwin(group, copy.deepcopy(est), baseline=baseline, warm=warm)
-        twin.observe(finished_all(released, twin.size))
-        while twin.ready():
-            twin.step()
-        w = twin.weight
-        j = twin.test.candidates.index(w)
-        versus = twin.test.versus_zero()
-        mean, upper = (0.0, 0.0) if versus is None or j == 0 else (versus[0][j], versus[1][j])
-        from_prior = 0.0
-        if versus is None and j != 0 and start is not None:  # too few blocks of its own
-            prior = start.stats
-            mean = prior["twin_prior_mean_log_ratios"][j]
-            upper = float(np.log(prior["twin_prior_upper"][j]))
-            from_prior = 1.0
+        verdict = measure_prior(copy.deepcopy(est), requests, shape, baseline=baseline)
+        if verdict.windows > 0:
+            out[kind] = twin_verdict(
+                verdict.start_weight, verdict.candidates, verdict.mean_log_ratio, verdict.upper
+            )
+            continue
+        # fewer requests than a block: the evidence the model carries for this group, if any
+        start = prior_start(est, cfg.workers, cfg.slots, cfg.load)
+        if start is None or start.test is None:
+            out[kind] = {**NO_TWIN}
+            continue
+        prior = start.stats
         out[kind] = {
-            "twin_ratio": float(np.exp(mean)),
-            "twin_weight": float(w),
-            "twin_upper": float(np.exp(upper)),
-            "twin_from_prior": from_prior,
+            **twin_verdict(
+                prior["twin_prior_weight"],
+                start.test.candidates,
+                prior["twin_prior_mean_log_ratios"],
+                prior["twin_prior_upper"],
+            ),
+            "twin_from_prior": 1.0,
         }
     return out
+
+
+NO_TWIN = {"twin_ratio": 1.0, "twin_weight": 0.0, "twin_upper": 1.0, "twin_from_prior": 0.0}
+
+
+def twin_verdict(
+    weight: float, candidates: Sequence[float], mean_log: Sequence[float], upper: Sequence[float]
+) -> dict[str, float]:
+    """The scores at the weight a test settled on: the geometric-mean ratio to ``w = 0`` and
+    the upper end of its interval there (1 and 1 at ``w = 0``)."""
+    j = list(candidates).index(weight)
+    if j == 0:
+        return {**NO_TWIN}
+    return {
+        "twin_ratio": float(np.exp(mean_log[j])),
+        "twin_weight": float(weight),
+        "twin_upper": float(upper[j]),
+        "twin_from_prior": 0.0,
+    }
 
 
 def projection_errors(

@@ -377,6 +377,10 @@ METRICS = (
 )
 
 
+# per window besides the metrics: its size, and the blend weight a twin-managed arm routed with
+REPEAT_KEYS = ("iterations", "completed_requests", "twin_weight")
+
+
 def aggregate(raw: dict[str, Any], cfg: ABConfig) -> dict[str, Any]:
     """Per arm and G: the mean of every summary key over repeats, intervals and paired ratios."""
     ref = cfg.reference_arm()
@@ -449,7 +453,7 @@ def _arm_stats(runs: list[dict], refs: list[dict], seed: int) -> dict[str, Any]:
         m: {"mean": p, "low": lo, "high": hi} for m, (p, lo, hi) in ratios.items()
     }
     out["repeats"] = [
-        {k: s.get(k) for k in (*METRICS, "iterations", "completed_requests")} for s in summaries
+        {k: s.get(k) for k in (*METRICS, *REPEAT_KEYS)} for s in summaries
     ]
     out["releases_sha256"] = [r["releases_sha256"] for r in runs]
     out["config"] = summaries[0]["config"]

@@ -8,7 +8,9 @@ import pytest
 
 from balanceroute.cli import main as balanceroute_main
 from balanceroute.features.errors import UserError
+from balanceroute.features.synthetic import generate
 from balanceroute.router.lab.ab import ABConfig, aggregate, run_ab
+from balanceroute.router.lab.twin import TwinConfig
 from balanceroute.router.policies.specs import RouterSpec, parse_arms
 
 ARMS = "count-jsq,token-jsq,br0,brh:none,brh:survival,brh:oracle{gamma=0.9;beta=20}"
@@ -190,3 +192,26 @@ def test_arm_strings_parse_uris_and_options():
     assert arm.options == {"gamma": 0.98, "beta": 43, "refill": True}
     assert RouterSpec.parse("brh").estimator.kind == "none"
     assert RouterSpec.parse("count-jsq").estimator is None
+
+
+def test_each_windows_twin_weight_is_kept_in_the_summary():
+    frame = generate("paper-prod", 900, seed=5)
+    cfg = ABConfig(
+        arms=tuple(parse_arms("brh:none{horizon=16},brh:survival{horizon=16}")),
+        workers=(3,),
+        slots=6,
+        repeats=4,
+        window_requests=120,
+        saturate=True,
+        reference="brh:none{horizon=16}",
+        twin=TwinConfig(block_requests=96),
+    )
+    raw = run_ab(frame, cfg)
+    arms = aggregate(raw, cfg)["arms"]
+    tasks = sorted(
+        (t for t in raw["tasks"] if t["arm"] == cfg.arms[1].label), key=lambda t: t["repeat"]
+    )
+    routed = [t["summary"]["twin_weight_mean"] for t in tasks]
+    kept = [r["twin_weight"] for r in arms[cfg.arms[1].label]["repeats"]]
+    assert len(kept) == 4 and kept == routed  # the weight each window routed with, in order
+    assert all(r["twin_weight"] is None for r in arms[cfg.arms[0].label]["repeats"])

@@ -12,16 +12,21 @@ from hypothesis import strategies as st
 from balanceroute.features.synthetic import generate
 from balanceroute.predict.base import survival_from_remaining
 from balanceroute.predict.registry import make_estimator
-from balanceroute.router.lab.twin_prior import TwinPrior, attach_priors
+from balanceroute.router.lab import twin as twin_module
+from balanceroute.router.lab.twin_prior import PriorConfig, TwinPrior, attach_priors, measure_prior
 from balanceroute.router.policies.balance_config import BRH_DEFAULTS, GAMMA_MAX, GAMMA_MIN
 from balanceroute.router.policies.balance_route import BRHPolicy
 from balanceroute.router.policies.policy import RunContext
 from balanceroute.router.policies.state import RequestTable
-from balanceroute.training import replay_scores as replay_scores_module
 from balanceroute.training.decision import curve_scores, discount_weights, router_gamma
 from balanceroute.training.holdout import make_holdout
 from balanceroute.training.recommend import RANKING_SCORES, REFERENCE, recommend
-from balanceroute.training.replay_scores import ReplayScoreConfig, replay_scores, state_errors
+from balanceroute.training.replay_scores import (
+    ReplayScoreConfig,
+    replay_scores,
+    state_errors,
+    twin_scores,
+)
 
 H = 20
 
@@ -162,11 +167,9 @@ def test_recommendation_by_default_falls_back_when_the_replay_ratio_is_unmeasure
 
 
 def test_twin_scores_are_the_twins_verdict_on_the_holdout(monkeypatch):
-    """Every estimator gets the twin's ratio, weight and bound; ``none`` and references are
-    1 and 0; a weight above 0 comes with a ratio below 1 (the twin only moves on a gain)."""
-    from balanceroute.router.lab import twin as twin_module
-    from balanceroute.training.replay_scores import twin_scores
-
+    """Every estimator gets the twin's ratio, weight and bound from its paired test on the
+    holdout; ``none`` and references are 1 and 0; a weight above 0 comes with a ratio below 1
+    (the twin only moves on a gain)."""
     monkeypatch.setattr(twin_module, "BLOCK_SLOT_MULTIPLE", 4)  # blocks of 4 G B = 64 requests
     trace = generate("mooncake-conv", 1600, seed=2)
     holdout = make_holdout(trace)
@@ -175,7 +178,8 @@ def test_twin_scores_are_the_twins_verdict_on_the_holdout(monkeypatch):
         "survival": make_estimator("survival", horizon=H).fit(holdout.train),
         REFERENCE: make_estimator("none", horizon=H).fit(),
     }
-    out = twin_scores(ests, holdout.test, H, ReplayScoreConfig(workers=2, slots=8))
+    cfg = ReplayScoreConfig(workers=2, slots=8, twin_windows=6)
+    out = twin_scores(ests, holdout.test, cfg)
     assert (
         out[REFERENCE]
         == out["oracle"]
@@ -184,20 +188,16 @@ def test_twin_scores_are_the_twins_verdict_on_the_holdout(monkeypatch):
     s = out["survival"]
     assert set(s) == {"twin_ratio", "twin_weight", "twin_upper", "twin_from_prior"}
     assert s["twin_from_prior"] == 0.0  # a model without a prior
-    assert s["twin_weight"] in (0.0, 0.5, 1.0)
+    verdict = measure_prior(ests["survival"], holdout.test, PriorConfig(2, 8, None, 6))
+    assert s["twin_weight"] == verdict.start_weight  # the twin's own test on these requests
     if s["twin_weight"] > 0:
         assert s["twin_ratio"] < 1.0 and s["twin_upper"] < 1.0
     else:
         assert s["twin_ratio"] == 1.0
 
 
-def test_twin_scores_start_a_model_at_its_prior_and_quote_it_without_blocks_of_their_own():
-    """A model carrying a prior for the group starts the twin there; a holdout too short for
-    two blocks of its own leaves the twin at the prior's weight, with the prior's evidence."""
-    trace = generate("mooncake-conv", 900, seed=2)
-    holdout = make_holdout(trace)
-    est = make_estimator("survival", horizon=H).fit(holdout.train)
-    prior = TwinPrior(
+def _prior_1() -> TwinPrior:
+    return TwinPrior(
         start_weight=1.0,
         candidates=(0.0, 0.5, 1.0),
         mean_log_ratio=(0.0, -0.05, -0.2),
@@ -213,10 +213,26 @@ def test_twin_scores_start_a_model_at_its_prior_and_quote_it_without_blocks_of_t
         holdout_first_arrival_s=0.0,
         holdout_last_arrival_s=1.0,
     )
-    attach_priors(est, [prior])
-    out = replay_scores_module.twin_scores(
-        {"survival": est}, holdout.test.iloc[:150], H, ReplayScoreConfig(2, 8)
-    )
-    s = out["survival"]
+
+
+def test_twin_scores_quote_a_models_prior_only_for_a_holdout_shorter_than_a_block():
+    """A model carrying a prior for the group: a holdout shorter than one block (2 x 8 x 8 =
+    128 requests) gives the prior's weight and evidence; a holdout of one block or more gives
+    the twin's test on it, whatever the prior said (the old score quoted the prior until the
+    holdout held two blocks of the online twin's own)."""
+    trace = generate("mooncake-conv", 900, seed=2)
+    holdout = make_holdout(trace)
+    est = make_estimator("survival", horizon=H).fit(holdout.train)
+    attach_priors(est, [_prior_1()])
+    cfg = ReplayScoreConfig(2, 8)
+    s = twin_scores({"survival": est}, holdout.test.iloc[:100], cfg)["survival"]
     assert s["twin_weight"] == 1.0 and s["twin_from_prior"] == 1.0
     assert s["twin_ratio"] == pytest.approx(np.exp(-0.2)) and s["twin_upper"] == pytest.approx(0.9)
+    part = holdout.test.iloc[:200]
+    s = twin_scores({"survival": est}, part, cfg)["survival"]
+    verdict = measure_prior(est, part, PriorConfig(2, 8, None, cfg.twin_windows))
+    assert s["twin_from_prior"] == 0.0 and s["twin_weight"] == verdict.start_weight
+    assert s["twin_weight"] == 0.0  # here the holdout does not confirm the prior's w = 1
+    j = verdict.candidates.index(verdict.start_weight)
+    expected = 1.0 if j == 0 else float(np.exp(verdict.mean_log_ratio[j]))
+    assert s["twin_ratio"] == pytest.approx(expected)

@@ -1,15 +1,18 @@
-"""The twin's prior: its paired test run on a model's holdout at ``train`` time, kept with the model.
+"""The twin's prior: its paired test run at ``train`` time on requests the model never saw, kept
+with the model.
 
 A registered model's twin has no history it did not see, so it would start at ``w = 0`` and
 need about 7,000 finished requests before its first switch (docs/design.md, "The twin"). At
-``train`` time the model was fitted without the holdout: replaying the holdout under every
-candidate weight with that model is evidence the model never saw. :func:`measure_prior` replays
-many overlapping windows of the twin's block length (``8 G B`` requests) under each candidate,
-paired (same releases, same ``w = 0`` replay), and judges every candidate against ``w = 0``
-with the A/B's paired interval (``router/lab/paired.py``: a t-interval on the log ratios widened
-by ``sqrt(overlap)``), at the twin's own one-sided level (``z = 2``) and margin. The model's
-copy in the replays learns online only from holdout requests finished before the window it
-replays (the twin's :class:`ShadowEstimator`): leakage-free, causal.
+``train`` time there is such history: replayed by copies of the estimator fitted without it.
+:func:`measure_folds` pools cross-fitted folds (``training/crossfit.py``: each fold of the
+trace replayed by a copy fitted on the other folds; :func:`measure_prior` is one such fold):
+many overlapping windows of the twin's block length (``8 G B`` requests) per fold under each
+candidate, paired (same releases, same ``w = 0`` replay), every candidate judged against
+``w = 0`` with the A/B's paired interval (``router/lab/paired.py``: a t-interval on the log
+ratios widened by ``sqrt(overlap)``, the overlap counted per fold), at the twin's own
+one-sided level (``z = 2``) and margin. A copy in the replays learns online only from its
+fold's requests finished before the window it replays (the twin's :class:`ShadowEstimator`):
+leakage-free, causal.
 
 The verdict travels with the model: a list of plain dicts (one per group shape measured) in the
 estimator's ``twin_prior_`` attribute (so the joblib file, the registered version and a service
@@ -463,12 +466,14 @@ def prior_start(
         "twin_prior_weight": prior.start_weight,
         "twin_prior_group": prior.group,
         "twin_prior_windows": prior.windows,
+        "twin_prior_folds": prior.folds,
         "twin_prior_mean_log_ratios": list(prior.mean_log_ratio),
         "twin_prior_upper": list(prior.upper),
     }
     here = "saturated" if load is None else f"at {load:g}x"
+    where = "the holdout" if prior.folds == 1 else f"{prior.folds} cross-fitted folds"
     note = (
-        f"twin prior ({prior.group}, {prior.windows} windows of the holdout): starting at "
+        f"twin prior ({prior.group}, {prior.windows} windows of {where}): starting at "
         f"w = {prior.start_weight:g}"
     )
     if prior.load != load:

@@ -341,8 +341,10 @@ def judged(
     metric: np.ndarray, twin: TwinConfig, overlap: float, windows: int, common: dict[str, Any]
 ) -> TwinPrior:
     """The prior from per-window imbalance under every candidate (columns; ``w = 0`` first in
-    ``twin.candidates``' order): the candidate with the lowest upper bound, if below
-    ``exp(-margin)``, else ``w = 0``."""
+    ``twin.candidates``' order): among the candidates whose upper bound is below
+    ``exp(-margin)`` (resolved better than ``w = 0``), the one with the largest mean gain; none
+    resolved: ``w = 0``. Every move is as safe as the bar; among safe moves, the one worth most
+    (the lowest upper bound would prefer a smaller, less noisy gain)."""
     zero = twin.candidates.index(0.0)
     means, ses, uppers = [], [], []
     for j in range(metric.shape[1]):
@@ -363,8 +365,9 @@ def judged(
         means.append(round(float(logs.mean()), 6))
         ses.append(round(se, 6))
         uppers.append(round(pr.high, 6))
-    best = min(range(len(uppers)), key=lambda j: uppers[j])
-    start = twin.candidates[best] if uppers[best] < math.exp(-twin.margin) else 0.0
+    resolved = [j for j in range(len(uppers)) if j != zero and uppers[j] < math.exp(-twin.margin)]
+    best = min(resolved, key=lambda j: (means[j], uppers[j]), default=zero)
+    start = twin.candidates[best]
     return TwinPrior(
         start_weight=float(start),
         mean_log_ratio=tuple(means),

@@ -74,6 +74,27 @@ def _prior(weight: float = 1.0, workers: int = 3, slots: int = 6, **kw) -> TwinP
     return TwinPrior(**{**fields, **kw})
 
 
+def test_among_resolved_candidates_the_prior_takes_the_larger_gain():
+    """w = 0.5 has the lower upper bound (less noise), w = 1 the larger gain; both resolved."""
+    rng = np.random.default_rng(1)
+    base = rng.uniform(0.2, 0.4, 16)
+    half = base * np.exp(-0.19 + 0.02 * rng.standard_normal(16))
+    full = base * np.exp(-0.22 + 0.12 * rng.standard_normal(16))
+    common = {
+        "candidates": CANDIDATES,
+        "block_requests": 36,
+        "workers": 3,
+        "slots": 6,
+        "load": None,
+        "holdout_requests": 240,
+        "holdout_first_arrival_s": 0.0,
+        "holdout_last_arrival_s": 1.0,
+    }
+    prior = judged(np.column_stack([base, half, full]), CFG, 3.0, 16, common)
+    assert prior.upper[1] < prior.upper[2] < math.exp(-CFG.margin)
+    assert prior.mean_log_ratio[2] < prior.mean_log_ratio[1] and prior.start_weight == 1.0
+
+
 def test_the_verdict_is_the_twins_rule_on_the_paired_interval():
     rng = np.random.default_rng(0)
     base = rng.uniform(0.2, 0.4, 12)
@@ -289,8 +310,13 @@ def test_do_no_harm_the_prior_moves_only_on_a_resolved_gain(n, seed, effect, noi
     }
     prior = judged(metric, CFG, overlap, n, common)
     j = CANDIDATES.index(prior.start_weight)
-    if j:  # a move: its interval's upper end is below the bar, its mean a gain
-        assert prior.upper[j] < math.exp(-CFG.margin) and prior.mean_log_ratio[j] < 0
+    bar = math.exp(-CFG.margin)
+    if j:  # a move: its interval's upper end is below the bar, its mean a gain, the largest
+        assert prior.upper[j] < bar and prior.mean_log_ratio[j] < 0
+        resolved = [m for m, u in zip(prior.mean_log_ratio, prior.upper, strict=True) if u < bar]
+        assert prior.mean_log_ratio[j] == min(resolved)
+    else:
+        assert min(prior.upper) >= bar
     # a candidate never better than w = 0 in any window is never chosen
     worse = metric.copy()
     worse[:, 1:] = np.maximum(worse[:, 1:], base[:, None])

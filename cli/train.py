@@ -18,8 +18,9 @@ from balanceroute.features.keys import AUTO_KEY, KEY_SOURCES
 from balanceroute.predict.learned import WEIGHTINGS
 from balanceroute.predict.model_store import DEFAULT_MODEL_NAME
 from balanceroute.router.lab.twin_prior import DEFAULT_PRIOR_WINDOWS, PriorConfig
+from balanceroute.training.crossfit import MAX_FOLDS
 from balanceroute.training.tracking import DEFAULT_ESTIMATORS, DEFAULT_EXPERIMENT
-from balanceroute.training.train import TrainConfig, run_train
+from balanceroute.training.train import DEFAULT_PRIOR_FOLDS, TrainConfig, run_train
 
 
 def kinds(text: str) -> tuple[str, ...]:
@@ -81,8 +82,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--train-fraction",
         type=fraction,
         default=0.7,
-        help="earlier share of the trace that fits the estimators; the rest is the holdout "
-        "they are scored on and the twin's prior is measured on (default 0.7)",
+        help="earlier share of the trace that fits the estimators scored on the rest (the "
+        "holdout); the registered models are fitted on the whole trace (default 0.7)",
     )
     p.add_argument(
         "--twin-group",
@@ -100,7 +101,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--twin-windows",
         type=bounded_int(2, 1000),
         default=DEFAULT_PRIOR_WINDOWS,
-        help=f"windows of the holdout the prior replays (default {DEFAULT_PRIOR_WINDOWS})",
+        help="windows the prior replays, shared between its folds (default "
+        f"{DEFAULT_PRIOR_WINDOWS})",
+    )
+    p.add_argument(
+        "--prior-folds",
+        type=bounded_int(1, MAX_FOLDS),
+        default=DEFAULT_PRIOR_FOLDS,
+        help="cross-fitted folds in time of the whole trace the twin's prior replays, each by a "
+        f"copy fitted on the others (default {DEFAULT_PRIOR_FOLDS}; 1: the holdout only, "
+        "replayed by the copy fitted on the earlier part)",
     )
     p.add_argument("--no-twin-prior", action="store_true", help="measure and keep no twin prior")
     p.add_argument("--out", help="local artifact folder (default ./artifacts/models/<run>)")
@@ -126,6 +136,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         promote=args.promote,
         weighting=args.weighting,
         train_fraction=args.train_fraction,
+        prior_folds=args.prior_folds,
         twin_priors=()
         if args.no_twin_prior
         else tuple(

@@ -37,9 +37,10 @@ fi
 balanceroute trace split "$TRACE" --at 0.5 --head "$WORK/history.parquet" --tail "$WORK/replay.parquet"
 
 step "2/5 train survival, exactmatch and gbdt into $MLFLOW_TRACKING_URI"
-# Each estimator fits on the earlier half of the history; the later half is its holdout, where
-# the twin's paired test (8 windows of 2,048 requests at G=8, B=32) measures the prior that is
-# registered with the model: the A/B's default brh starts from it.
+# Each estimator is scored on the later half of the history by a copy fitted on the earlier half,
+# and registered fitted on all of it; the twin's paired test (8 windows of 2,048 requests at
+# G=8, B=32 over both halves, each replayed by a copy fitted on the other) measures the prior
+# that is registered with the model: the A/B's default brh starts from it.
 balanceroute train --trace "$WORK/history.parquet" --experiment balanceroute-demo \
     --train-fraction 0.5 --twin-group 8x32 --twin-windows 8 --out "$WORK/models"
 

@@ -1,4 +1,5 @@
-"""``balanceroute train``: fit estimators on the earlier 70%, score them on the rest, track them.
+"""``balanceroute train``: fit estimators on the earlier 70%, score them on the rest, register
+them fitted on all of it, with the twin's cross-fitted prior, and track them.
 
 Order of work, so that nothing trained is ever lost: fit and evaluate every estimator, write the
 joblib files, metrics and plots to a local folder, score the current ``champion`` on this run's
@@ -17,6 +18,7 @@ host) as KILLED.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import os
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from balanceroute.features.causal import CausalConfig
 from balanceroute.features.constants import DEFAULT_HORIZON
@@ -35,7 +38,7 @@ from balanceroute.features.errors import UserError
 from balanceroute.features.files import write_text
 from balanceroute.features.keys import AUTO_KEY, check_key_source, resolve_key_source
 from balanceroute.features.workload import WorkloadSpec, load_workload
-from balanceroute.predict.base import Fitting
+from balanceroute.predict.base import CompletionEstimator, Fitting
 from balanceroute.predict.factory import EstimatorSpec, build_estimator
 from balanceroute.predict.model_store import (
     DEFAULT_MODEL_NAME,
@@ -48,6 +51,7 @@ from balanceroute.predict.model_store import (
 )
 from balanceroute.predict.registry import estimator_class, estimator_names
 from balanceroute.router.lab.twin_prior import PriorConfig, TwinPrior, attach_priors, priors_for
+from balanceroute.training.crossfit import DEFAULT_PRIOR_FOLDS, fitted_folds, time_folds
 from balanceroute.training.evaluate import (
     evaluate_estimator,
     flat_metrics,
@@ -81,6 +85,9 @@ class TrainConfig:
     # the twin's paired test on the holdout, one prior per group (router/lab/twin_prior.py);
     # empty: none
     twin_priors: tuple[PriorConfig, ...] = (PriorConfig(),)
+    # cross-fitted folds of the whole trace the priors pool (training/crossfit.py); 1: the
+    # holdout only, replayed by the copy fitted on the training part
+    prior_folds: int = DEFAULT_PRIOR_FOLDS
 
 
 def trainable_estimators() -> list[str]:
@@ -135,12 +142,14 @@ def run_train(cfg: TrainConfig) -> dict[str, Any]:
     curves: dict[str, dict[str, list[float]]] = {}
     files: dict[str, Path] = {}
     params: dict[str, dict[str, Any]] = {}
+    history = frame.sort_values("arrival_s", kind="stable").reset_index(drop=True)
+    heads: dict[str, CompletionEstimator] = {}  # as fitted, before evaluation teaches them
     for kind in kinds:
         t0 = time.perf_counter()
-        progress(f"fitting {kind} on {len(holdout.train):,} requests")
+        progress(f"fitting {kind} on {len(holdout.train):,} requests (scored on the holdout)")
         est = build_estimator(estimator_spec(cfg, kind), history=holdout.train)
         fit_s = time.perf_counter() - t0
-        files[kind] = save_estimator(est, out_dir / f"{kind}.joblib")
+        heads[kind] = copy.deepcopy(est)
         params[kind] = est.params()
         progress(f"evaluating {kind} on {holdout.index.size:,} snapshots")
         metrics[kind], curves[kind] = evaluate_estimator(est, holdout, cfg.horizon)
@@ -151,13 +160,17 @@ def run_train(cfg: TrainConfig) -> dict[str, Any]:
             f"{kind}: brier {metrics[kind]['brier']:.4f} auc {metrics[kind]['auc']:.4f} "
             f"ece {metrics[kind]['ece']:.4f} ({fit_s:.1f}s fit)"
         )
-    priors = twin_priors(cfg, files, holdout)
+        progress(f"fitting {kind} on all {len(history):,} requests (the model registered)")
+        full = build_estimator(estimator_spec(cfg, kind), history=history)
+        files[kind] = save_estimator(full, out_dir / f"{kind}.joblib")
+    priors = twin_priors(cfg, files, holdout, history, heads)
     report = write_report(out_dir, metrics, curves)
     summary: dict[str, Any] = {
         "run_name": name,
         "local_dir": str(out_dir.resolve()),
         "key": key,
         "n_train": holdout.first_test,
+        "n_registered": len(history),
         "n_test": holdout.arrays.size - holdout.first_test,
         "source": source,
         "config": asdict(cfg),
@@ -185,19 +198,42 @@ def run_train(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def twin_priors(
-    cfg: TrainConfig, files: dict[str, Path], holdout: Holdout
+    cfg: TrainConfig,
+    files: dict[str, Path],
+    holdout: Holdout,
+    history: pd.DataFrame,
+    heads: dict[str, CompletionEstimator] | None = None,
 ) -> dict[str, list[TwinPrior]]:
-    """The twin's prior of every saved model on the holdout, kept in its file (re-saved).
+    """The twin's prior of every saved model, kept in its file (re-saved).
 
-    The models are read back from their files: the ones evaluated above have observed the
-    holdout (the prequential evaluation teaches them), the saved ones have not."""
+    Cross-fitted (``cfg.prior_folds`` >= 2): every fold of the whole ``history`` is replayed by
+    a copy fitted on the other folds, and the prior pools them; the saved model (fitted on all
+    of it) is not what replays. One fold: the holdout, replayed by a copy fitted on the training
+    part."""
     if not cfg.twin_priors or holdout.test is None:
         return {}
-    models = {kind: load_file(path) for kind, path in files.items()}
-    priors = priors_for(models, holdout.test, list(cfg.twin_priors), progress=progress)
-    for kind, est in models.items():
+    if cfg.prior_folds == 1:
+        folds = [(holdout.train, holdout.test)]
+    else:
+        folds = time_folds(history, cfg.prior_folds)
+    heads = heads or {}
+    pairs = {}
+    for kind in files:
+        spec = estimator_spec(cfg, kind)
+        head = heads.get(kind)
+
+        def fit(part: pd.DataFrame, spec=spec, head=head) -> CompletionEstimator:
+            if head is not None and part["request_id"].equals(holdout.train["request_id"]):
+                return copy.deepcopy(head)
+            return build_estimator(spec, history=part)
+
+        progress(f"fitting {kind} for the twin's prior: {len(folds)} fold(s)")
+        pairs[kind] = fitted_folds(fit, folds)
+    priors = priors_for(pairs, list(cfg.twin_priors), progress=progress)
+    for kind, path in files.items():
+        est = load_file(path)
         attach_priors(est, priors[kind])
-        save_estimator(est, files[kind])
+        save_estimator(est, path)
     return priors
 
 

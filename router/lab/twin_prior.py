@@ -1,15 +1,18 @@
-"""The twin's prior: its paired test run on a model's holdout at ``train`` time, kept with the model.
+"""The twin's prior: its paired test run at ``train`` time on requests the model never saw, kept
+with the model.
 
 A registered model's twin has no history it did not see, so it would start at ``w = 0`` and
 need about 7,000 finished requests before its first switch (docs/design.md, "The twin"). At
-``train`` time the model was fitted without the holdout: replaying the holdout under every
-candidate weight with that model is evidence the model never saw. :func:`measure_prior` replays
-many overlapping windows of the twin's block length (``8 G B`` requests) under each candidate,
-paired (same releases, same ``w = 0`` replay), and judges every candidate against ``w = 0``
-with the A/B's paired interval (``router/lab/paired.py``: a t-interval on the log ratios widened
-by ``sqrt(overlap)``), at the twin's own one-sided level (``z = 2``) and margin. The model's
-copy in the replays learns online only from holdout requests finished before the window it
-replays (the twin's :class:`ShadowEstimator`): leakage-free, causal.
+``train`` time there is such history: replayed by copies of the estimator fitted without it.
+:func:`measure_folds` pools cross-fitted folds (``training/crossfit.py``: each fold of the
+trace replayed by a copy fitted on the other folds; :func:`measure_prior` is one such fold):
+many overlapping windows of the twin's block length (``8 G B`` requests) per fold under each
+candidate, paired (same releases, same ``w = 0`` replay), every candidate judged against
+``w = 0`` with the A/B's paired interval (``router/lab/paired.py``: a t-interval on the log
+ratios widened by ``sqrt(overlap)``, the overlap counted per fold), at the twin's own
+one-sided level (``z = 2``) and margin. A copy in the replays learns online only from its
+fold's requests finished before the window it replays (the twin's :class:`ShadowEstimator`):
+leakage-free, causal.
 
 The verdict travels with the model: a list of plain dicts (one per group shape measured) in the
 estimator's ``twin_prior_`` attribute (so the joblib file, the registered version and a service
@@ -53,7 +56,7 @@ PRIOR_ATTRIBUTE = "twin_prior_"
 PRIOR_VERSION = 1
 # the twin's one-sided bound m + 2 se as a two-sided level: 2 Phi(2) - 1
 PRIOR_LEVEL = math.erf(2.0 / math.sqrt(2.0))
-DEFAULT_PRIOR_WINDOWS = 12
+DEFAULT_PRIOR_WINDOWS = 16
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,7 @@ class TwinPrior:
     holdout_last_arrival_s: float
     note: str = ""
     version: int = PRIOR_VERSION
+    folds: int = 1  # cross-fitted folds pooled (1: one holdout, the model fitted before it)
 
     def as_dict(self) -> dict[str, Any]:
         """Plain JSON-able fields (what the model carries)."""
@@ -118,6 +122,7 @@ class TwinPrior:
             f"{base}.start_weight": f"{self.start_weight:g}",
             f"{base}.load": "saturated" if self.load is None else f"{self.load:g}",
             f"{base}.windows": str(self.windows),
+            f"{base}.folds": str(self.folds),
             f"{base}.candidates": ",".join(f"{c:g}" for c in self.candidates),
             f"{base}.mean_log_ratio": ",".join(f"{m:.4f}" for m in self.mean_log_ratio),
             f"{base}.se": ",".join(f"{s:.4f}" for s in self.se),
@@ -129,7 +134,7 @@ class TwinPrior:
         """A prior from its plain form; a UserError naming ``where`` and the field at fault."""
         if not isinstance(data, dict):
             raise UserError(f"twin prior of {where}: expected a mapping, got {type(data).__name__}")
-        names = [f for f in TwinPrior.__dataclass_fields__ if f not in ("note", "version")]
+        names = [f for f in TwinPrior.__dataclass_fields__ if f not in ("note", "version", "folds")]
         missing = [n for n in names if n not in data]
         if missing:
             raise UserError(f"twin prior of {where}: missing field(s) {', '.join(missing)}")
@@ -155,6 +160,7 @@ class TwinPrior:
                 holdout_first_arrival_s=float(data["holdout_first_arrival_s"]),
                 holdout_last_arrival_s=float(data["holdout_last_arrival_s"]),
                 note=str(data.get("note", "")),
+                folds=int(data.get("folds", 1)),
             )
         except (TypeError, ValueError) as exc:
             raise UserError(f"twin prior of {where}: a field has the wrong type ({exc})") from None
@@ -175,6 +181,7 @@ class TwinPrior:
             (self.workers >= 1 and self.slots >= 1, "workers and slots must be >= 1"),
             (self.windows >= 0 and self.block_requests >= 1, "windows >= 0, block_requests >= 1"),
             (self.load is None or self.load > 0, "load must be > 0 or null (saturated)"),
+            (self.folds >= 1, "folds must be >= 1"),
         ]
         for ok, msg in problems:
             if not ok:
@@ -214,19 +221,42 @@ def measure_prior(
     """The twin's paired test of ``estimator`` on ``holdout`` (requests it never saw): each
     candidate weight against ``w = 0`` over ``cfg.windows`` evenly spaced windows of the twin's
     block length. ``baseline`` shares the ``w = 0`` replays between estimators."""
+    return measure_folds([(estimator, holdout)], cfg, twin, baseline)
+
+
+@dataclass
+class FoldWindows:
+    """One fold's paired windows: imbalance per window (rows) and candidate (columns)."""
+
+    metric: np.ndarray
+    requests: int
+
+
+def measure_folds(
+    folds: list[tuple[CompletionEstimator, pd.DataFrame]],
+    cfg: PriorConfig | None = None,
+    twin: TwinConfig | None = None,
+    baseline: dict[tuple, tuple[float, float, int, int]] | None = None,
+) -> TwinPrior:
+    """The twin's paired test pooled over cross-fitted folds: each ``(estimator, requests)``
+    pair is a copy fitted without those requests and the requests it replays. ``cfg.windows``
+    windows in all, shared evenly between the folds (at least 2 each); the overlap is counted
+    per fold (a fold's windows cover only that fold), so the pooled standard error is the
+    per-window spread over the independent windows of every fold together."""
     cfg = cfg or PriorConfig()
     twin = twin or TwinConfig()
     baseline = {} if baseline is None else baseline
-    spec = prior_spec(cfg, estimator.horizon)
-    arrivals = holdout["arrival_s"].to_numpy(dtype=np.float64)
-    frame = holdout.sort_values("arrival_s", kind="stable").reset_index(drop=True)
-    if len(frame):
-        frame["arrival_s"] = frame["arrival_s"] - frame["arrival_s"].iloc[0]
-    released, _ = released_requests(frame, spec)
-    group = TwinGroup(spec.router, cfg.workers, cfg.slots, spec.cost, spec.seed)
-    size = twin.block_size(cfg.workers, cfg.slots)
-    n = released.size
     k = len(twin.candidates)
+    size = twin.block_size(cfg.workers, cfg.slots)
+    per_fold = max(2, math.ceil(cfg.windows / max(1, len(folds))))
+    if not folds:
+        raise ValueError("measure_folds needs at least one fold")
+    parts = [
+        fold_windows(est, frame, cfg, twin, baseline, per_fold, tag=j)
+        for j, (est, frame) in enumerate(folds)
+    ]
+    arrivals = np.concatenate([f["arrival_s"].to_numpy(dtype=np.float64) for _, f in folds])
+    n = int(sum(p.requests for p in parts))
     common = {
         "candidates": tuple(twin.candidates),
         "block_requests": size,
@@ -234,10 +264,13 @@ def measure_prior(
         "slots": cfg.slots,
         "load": cfg.load,
         "holdout_requests": n,
-        "holdout_first_arrival_s": float(arrivals.min()) if n else 0.0,
-        "holdout_last_arrival_s": float(arrivals.max()) if n else 0.0,
+        "holdout_first_arrival_s": float(arrivals.min()) if arrivals.size else 0.0,
+        "holdout_last_arrival_s": float(arrivals.max()) if arrivals.size else 0.0,
+        "folds": len(folds),
     }
-    if n < size:
+    used = [p for p in parts if p.metric.shape[0]]
+    if not used:
+        largest = max((p.requests for p in parts), default=0)
         return TwinPrior(
             start_weight=0.0,
             mean_log_ratio=(0.0,) * k,
@@ -245,10 +278,44 @@ def measure_prior(
             upper=(1.0,) * k,
             windows=0,
             overlap=0.0,
-            note=f"the holdout's {n} requests are fewer than one block of {size}: no evidence",
+            note=f"the holdout's {largest} requests are fewer than one block of {size}: no "
+            "evidence",
             **common,
         )
-    starts = np.unique(np.round(np.linspace(0, n - size, cfg.windows)).astype(int)).tolist()
+    metric = np.vstack([p.metric for p in used])
+    windows = metric.shape[0]
+    # a fold's windows cover that fold only: the overlap is theirs over the folds they cover
+    overlap = windows * size / sum(p.requests for p in used)
+    skipped = len(parts) - len(used)
+    note = f"{skipped} fold(s) shorter than a block of {size} gave no windows" if skipped else ""
+    return replace(judged(metric, twin, overlap, windows, common), note=note)
+
+
+def fold_windows(
+    estimator: CompletionEstimator,
+    holdout: pd.DataFrame,
+    cfg: PriorConfig,
+    twin: TwinConfig,
+    baseline: dict[tuple, tuple[float, float, int, int]],
+    windows: int,
+    tag: int = 0,
+) -> FoldWindows:
+    """``windows`` evenly spaced windows of one fold (``holdout``, requests ``estimator`` never
+    saw) replayed under every candidate, paired; none when the fold is shorter than a block.
+    ``tag`` tells the folds apart in the shared ``w = 0`` replays."""
+    spec = prior_spec(cfg, estimator.horizon)
+    frame = holdout.sort_values("arrival_s", kind="stable").reset_index(drop=True)
+    first = float(frame["arrival_s"].iloc[0]) if len(frame) else 0.0
+    if len(frame):
+        frame["arrival_s"] = frame["arrival_s"] - first
+    released, _ = released_requests(frame, spec)
+    group = TwinGroup(spec.router, cfg.workers, cfg.slots, spec.cost, spec.seed)
+    size = twin.block_size(cfg.workers, cfg.slots)
+    n = released.size
+    k = len(twin.candidates)
+    if n < size:
+        return FoldWindows(np.zeros((0, k)), n)
+    starts = np.unique(np.round(np.linspace(0, n - size, windows)).astype(int)).tolist()
     shadow = ShadowEstimator(estimator)
     shadow.finished(finished_all(released, size))
     metric = np.full((len(starts), k), np.nan)
@@ -257,7 +324,7 @@ def measure_prior(
         shadow.advance_to(float(released.release_s[lo]))
         runs = []
         for w in twin.candidates:
-            key = (cfg.workers, cfg.slots, cfg.load, estimator.horizon, n, size, lo)
+            key = (cfg.workers, cfg.slots, cfg.load, estimator.horizon, tag, first, n, size, lo)
             if w == 0.0 and key in baseline:
                 runs.append(baseline[key])
                 continue
@@ -267,16 +334,17 @@ def measure_prior(
             runs.append(run)
         steady = min(r[2] for r in runs) >= MIN_STEADY
         metric[i] = [r[0] if steady else r[1] for r in runs]
-    overlap = len(starts) * size / n
-    return judged(metric, twin, overlap, len(starts), common)
+    return FoldWindows(metric, n)
 
 
 def judged(
     metric: np.ndarray, twin: TwinConfig, overlap: float, windows: int, common: dict[str, Any]
 ) -> TwinPrior:
     """The prior from per-window imbalance under every candidate (columns; ``w = 0`` first in
-    ``twin.candidates``' order): the candidate with the lowest upper bound, if below
-    ``exp(-margin)``, else ``w = 0``."""
+    ``twin.candidates``' order): among the candidates whose upper bound is below
+    ``exp(-margin)`` (resolved better than ``w = 0``), the one with the largest mean gain; none
+    resolved: ``w = 0``. Every move is as safe as the bar; among safe moves, the one worth most
+    (the lowest upper bound would prefer a smaller, less noisy gain)."""
     zero = twin.candidates.index(0.0)
     means, ses, uppers = [], [], []
     for j in range(metric.shape[1]):
@@ -297,8 +365,9 @@ def judged(
         means.append(round(float(logs.mean()), 6))
         ses.append(round(se, 6))
         uppers.append(round(pr.high, 6))
-    best = min(range(len(uppers)), key=lambda j: uppers[j])
-    start = twin.candidates[best] if uppers[best] < math.exp(-twin.margin) else 0.0
+    resolved = [j for j in range(len(uppers)) if j != zero and uppers[j] < math.exp(-twin.margin)]
+    best = min(resolved, key=lambda j: (means[j], uppers[j]), default=zero)
+    start = twin.candidates[best]
     return TwinPrior(
         start_weight=float(start),
         mean_log_ratio=tuple(means),
@@ -400,12 +469,14 @@ def prior_start(
         "twin_prior_weight": prior.start_weight,
         "twin_prior_group": prior.group,
         "twin_prior_windows": prior.windows,
+        "twin_prior_folds": prior.folds,
         "twin_prior_mean_log_ratios": list(prior.mean_log_ratio),
         "twin_prior_upper": list(prior.upper),
     }
     here = "saturated" if load is None else f"at {load:g}x"
+    where = "the holdout" if prior.folds == 1 else f"{prior.folds} cross-fitted folds"
     note = (
-        f"twin prior ({prior.group}, {prior.windows} windows of the holdout): starting at "
+        f"twin prior ({prior.group}, {prior.windows} windows of {where}): starting at "
         f"w = {prior.start_weight:g}"
     )
     if prior.load != load:
@@ -433,24 +504,26 @@ def _load_distance(a: float | None, b: float | None) -> float:
 
 
 def priors_for(
-    estimators: dict[str, CompletionEstimator],
-    holdout: pd.DataFrame,
+    folds: dict[str, list[tuple[CompletionEstimator, pd.DataFrame]]],
     configs: list[PriorConfig],
     twin: TwinConfig | None = None,
     progress=None,
 ) -> dict[str, list[TwinPrior]]:
-    """Every estimator's priors on ``holdout``, one per group config (``w = 0`` replays shared)."""
+    """Every estimator's priors, one per group config, each pooled over that estimator's folds
+    (``(copy fitted without the requests, the requests)`` pairs; ``w = 0`` replays shared)."""
     baseline: dict = {}
     out: dict[str, list[TwinPrior]] = {}
-    for kind, est in estimators.items():
+    for kind, pairs in folds.items():
         out[kind] = []
         for cfg in configs:
-            prior = measure_prior(copy.deepcopy(est), holdout, cfg, twin, baseline)
+            copies = [(copy.deepcopy(est), frame) for est, frame in pairs]
+            prior = measure_folds(copies, cfg, twin, baseline)
             out[kind].append(prior)
             if progress:
                 progress(
-                    f"twin prior of {kind} ({prior.group}, {prior.windows} windows of the "
-                    f"holdout): start at w = {prior.start_weight:g}, upper bounds "
-                    f"{list(prior.upper)} {prior.note}".rstrip()
+                    f"twin prior of {kind} ({prior.group}, {prior.windows} windows of "
+                    f"{prior.folds} fold(s), {prior.holdout_requests:,} requests): start at "
+                    f"w = {prior.start_weight:g}, upper bounds {list(prior.upper)} "
+                    f"{prior.note}".rstrip()
                 )
     return out

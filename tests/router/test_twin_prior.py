@@ -10,10 +10,15 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from balanceroute.features.errors import UserError
+from balanceroute.features.workload import WorkloadSpec, load_workload
 from balanceroute.predict.exactmatch import ExactMatchEstimator
 from balanceroute.predict.model_store import save_estimator
+from balanceroute.predict.no_prediction import NoPrediction
+from balanceroute.predict.oracle import OracleEstimator
 from balanceroute.predict.survival import SurvivalEstimator
 from balanceroute.router.lab.ab import ABConfig, run_ab
 from balanceroute.router.lab.prefill import PrefillConfig
@@ -25,6 +30,7 @@ from balanceroute.router.lab.twin_prior import (
     TwinPrior,
     attach_priors,
     judged,
+    measure_folds,
     measure_prior,
     model_priors,
     prior_start,
@@ -66,6 +72,27 @@ def _prior(weight: float = 1.0, workers: int = 3, slots: int = 6, **kw) -> TwinP
         "holdout_last_arrival_s": 200.0,
     }
     return TwinPrior(**{**fields, **kw})
+
+
+def test_among_resolved_candidates_the_prior_takes_the_larger_gain():
+    """w = 0.5 has the lower upper bound (less noise), w = 1 the larger gain; both resolved."""
+    rng = np.random.default_rng(1)
+    base = rng.uniform(0.2, 0.4, 16)
+    half = base * np.exp(-0.19 + 0.02 * rng.standard_normal(16))
+    full = base * np.exp(-0.22 + 0.12 * rng.standard_normal(16))
+    common = {
+        "candidates": CANDIDATES,
+        "block_requests": 36,
+        "workers": 3,
+        "slots": 6,
+        "load": None,
+        "holdout_requests": 240,
+        "holdout_first_arrival_s": 0.0,
+        "holdout_last_arrival_s": 1.0,
+    }
+    prior = judged(np.column_stack([base, half, full]), CFG, 3.0, 16, common)
+    assert prior.upper[1] < prior.upper[2] < math.exp(-CFG.margin)
+    assert prior.mean_log_ratio[2] < prior.mean_log_ratio[1] and prior.start_weight == 1.0
 
 
 def test_the_verdict_is_the_twins_rule_on_the_paired_interval():
@@ -232,3 +259,71 @@ def test_another_shape_leaves_the_twin_at_zero(tmp_path):
     summary = simulate_workload(_trace(300), {"kind": "t"}, spec, tmp_path / "s", log=notes.append)
     assert summary["twin_prior"] == "other shape" and summary["twin_weight_mean"] == 0.0
     assert any("this group is 3x6" in n for n in notes)
+
+
+def _paper_prod_folds(requests: int = 2000) -> list[pd.DataFrame]:
+    trace, _ = load_workload(WorkloadSpec(preset="paper-prod", requests=requests, seed=1))
+    trace = trace.sort_values("arrival_s", kind="stable").reset_index(drop=True)
+    half = requests // 2
+    return [trace.iloc[:half].reset_index(drop=True), trace.iloc[half:].reset_index(drop=True)]
+
+
+def test_the_oracle_comes_out_trusted_and_none_stays_at_zero():
+    """A constructed case: where exact knowledge is worth much (paper-prod's long outputs, a
+    4 x 8 group), the prior of an estimator that is the oracle starts above w = 0; one that
+    predicts nothing (``none``: the blend changes nothing) stays at w = 0, exactly."""
+    folds = _paper_prod_folds()
+    shape = PriorConfig(workers=4, slots=8, windows=8)
+    oracle = measure_folds([(OracleEstimator(horizon=80).fit(r), r) for r in folds], shape)
+    assert oracle.start_weight > 0.0
+    assert oracle.upper[TwinConfig().candidates.index(oracle.start_weight)] < math.exp(-0.01)
+    none = measure_folds([(NoPrediction(horizon=80).fit(), r) for r in folds], shape)
+    assert none.start_weight == 0.0 and none.upper == (1.0, 1.0, 1.0)
+    assert none.mean_log_ratio == (0.0, 0.0, 0.0)
+
+
+_windows = st.integers(2, 24)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    n=_windows,
+    seed=st.integers(0, 10_000),
+    effect=st.floats(-0.5, 0.5),
+    noise=st.floats(0.0, 0.6),
+    overlap=st.floats(0.5, 12.0),
+)
+def test_do_no_harm_the_prior_moves_only_on_a_resolved_gain(n, seed, effect, noise, overlap):
+    rng = np.random.default_rng(seed)
+    base = rng.uniform(0.05, 2.0, n)
+    logs = effect + noise * rng.standard_normal((n, 2))
+    metric = np.column_stack([base, base * np.exp(logs[:, 0]), base * np.exp(logs[:, 1])])
+    common = {
+        "candidates": CANDIDATES,
+        "block_requests": 36,
+        "workers": 3,
+        "slots": 6,
+        "load": None,
+        "holdout_requests": 240,
+        "holdout_first_arrival_s": 0.0,
+        "holdout_last_arrival_s": 1.0,
+    }
+    prior = judged(metric, CFG, overlap, n, common)
+    j = CANDIDATES.index(prior.start_weight)
+    bar = math.exp(-CFG.margin)
+    if j:  # a move: its interval's upper end is below the bar, its mean a gain, the largest
+        assert prior.upper[j] < bar and prior.mean_log_ratio[j] < 0
+        resolved = [m for m, u in zip(prior.mean_log_ratio, prior.upper, strict=True) if u < bar]
+        assert prior.mean_log_ratio[j] == min(resolved)
+    else:
+        assert min(prior.upper) >= bar
+    # a candidate never better than w = 0 in any window is never chosen
+    worse = metric.copy()
+    worse[:, 1:] = np.maximum(worse[:, 1:], base[:, None])
+    assert judged(worse, CFG, overlap, n, common).start_weight == 0.0
+    # the verdict is paired: scaling a window (every candidate alike) changes nothing
+    scaled = metric * rng.uniform(0.1, 10.0, (n, 1))
+    assert judged(scaled, CFG, overlap, n, common).start_weight == prior.start_weight
+    # more overlap (less independent evidence) never makes a move more likely
+    if not j:
+        assert judged(metric, CFG, overlap * 2, n, common).start_weight == 0.0

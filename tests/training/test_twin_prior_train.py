@@ -1,24 +1,28 @@
-"""``train`` measures the twin's prior on the holdout only and it travels with the registered
-model: artifact, metrics and version tags in a real SQLite store, and the loaded model."""
+"""``train`` registers models fitted on the whole history with the twin's prior cross-fitted on
+it (every fold replayed by a copy that never saw it), and the prior travels with the model:
+artifact, metrics and version tags in a real SQLite store, and the loaded model."""
 
 from __future__ import annotations
 
 import copy
+import json
 
 import mlflow
+import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
 from balanceroute.features.workload import WorkloadSpec, load_workload
+from balanceroute.predict.factory import EstimatorSpec, build_estimator
 from balanceroute.predict.model_store import load_estimator
 from balanceroute.router.lab.twin_prior import (
     PRIOR_ATTRIBUTE,
     PriorConfig,
     TwinPrior,
-    measure_prior,
+    measure_folds,
     twin_prior,
 )
-from balanceroute.training.evaluate import evaluate_estimator
+from balanceroute.training.crossfit import fitted_folds, time_folds
 from balanceroute.training.holdout import make_holdout
 from tests.training.conftest import PRESET_ARGS, run_cli
 
@@ -78,22 +82,28 @@ def test_the_prior_round_trips_through_mlflow(trained, monkeypatch):
         assert twin_prior(str(local[0])) == prior  # the local file carries it too
 
 
-def test_the_prior_is_measured_on_the_holdout_by_the_model_that_never_saw_it(trained, monkeypatch):
+def test_the_registered_model_sees_all_and_its_prior_is_cross_fitted(trained, monkeypatch):
     root, _ = trained
     monkeypatch.chdir(root)
     holdout = _holdout()
+    history = pd.concat([holdout.train, holdout.test], ignore_index=True)
     est = load_estimator(f"models:/{MODEL}@exactmatch")
     prior = twin_prior(est, 2, 4)
-    assert prior.holdout_requests == len(holdout.test)
-    assert prior.holdout_first_arrival_s == holdout.test["arrival_s"].min()
-    assert prior.holdout_first_arrival_s > holdout.train["arrival_s"].max()
+    # the evidence covers the whole history, in two folds
+    assert prior.folds == 2 and prior.holdout_requests == len(history)
+    assert prior.holdout_first_arrival_s == history["arrival_s"].min()
+    assert prior.holdout_last_arrival_s == history["arrival_s"].max()
+    summary = json.loads(next((root / "artifacts" / "models").glob("*/config.json")).read_text())
+    assert summary["n_registered"] == len(history) > summary["n_train"]
+    # it is the evidence of copies fitted on the other fold, each replaying the fold it never saw
+    spec = EstimatorSpec("exactmatch", params={"horizon": est.horizon})
+    pairs = fitted_folds(lambda part: build_estimator(spec, history=part), time_folds(history, 2))
+    assert measure_folds(pairs, SHAPE) == prior
+    # the registered model saw every fold: had train measured the prior with it, the evidence
+    # would differ (exactmatch memorises outputs by key)
     delattr(est, PRIOR_ATTRIBUTE)
-    again = measure_prior(copy.deepcopy(est), holdout.test, SHAPE)
-    assert again == prior
-    # the model as scored (it observed the holdout while evaluated) would give other evidence:
-    # had train measured the prior with it, the equality above would fail
-    evaluate_estimator(est, holdout, est.horizon)
-    assert measure_prior(est, holdout.test, SHAPE).mean_log_ratio != prior.mean_log_ratio
+    leaked = [(copy.deepcopy(est), replay) for _, replay in pairs]
+    assert measure_folds(leaked, SHAPE).mean_log_ratio != prior.mean_log_ratio
 
 
 def test_no_twin_prior_keeps_none(isolated):

@@ -37,8 +37,11 @@ significantly better). The holdout is evidence the model never saw, like the A/B
 half; the twin run online over a holdout this short (a few thousand requests) would reach fewer
 than the 6 blocks it needs to decide and only quote the model's prior, which was measured on
 other requests (on Azure it kept ``w = 0`` where the A/B's later half gains 27%:
-docs/results.md). Where the holdout holds less than one block, the ratio and bound are the
-model's prior for this group shape, if it carries one (``twin_from_prior`` 1, else 0).
+docs/results.md). A model carrying a prior for this group shape has its prior pooled with the
+holdout's test by inverse variance (:func:`pooled_verdict`; ``twin_from_prior`` is the prior's
+share of the pooled precision): a holdout of a block or two rarely resolves a gain alone, and
+the prior, measured on other requests the model never saw, is independent evidence. Where the
+holdout holds less than one block, the ratio and bound are the prior's (``twin_from_prior`` 1).
 
 Like the A/B harness, the requests are replayed in ``repeats`` evenly spaced windows of half of
 them each (one replay varies a lot from window to window): the states are sampled in every
@@ -60,6 +63,7 @@ from balanceroute.predict.base import CompletedBatch, CompletionEstimator, Fitti
 from balanceroute.router.lab.ab import replay_windows
 from balanceroute.router.lab.prefill import PrefillConfig
 from balanceroute.router.lab.runner import ReplaySpec, replay
+from balanceroute.router.lab.twin import TwinConfig
 from balanceroute.router.lab.twin_prior import (
     DEFAULT_PRIOR_WINDOWS,
     PriorConfig,
@@ -291,10 +295,12 @@ def twin_scores(
 ) -> dict[str, dict[str, float]]:
     """``twin_ratio``, ``twin_weight`` and ``twin_upper`` of every estimator: the twin's paired
     test on ``requests`` (``cfg.twin_windows`` overlapping windows of its block length, each
-    candidate weight against ``w = 0``, its rule at its level and margin), or, where
-    ``requests`` hold less than one block, the model's prior for the group (copies of the
-    estimators; the replays without prediction are shared)."""
+    candidate weight against ``w = 0``, its rule at its level and margin), pooled with the
+    model's prior for the group when it carries one (two independent measurements of the same
+    gain: :func:`pooled_verdict`); where ``requests`` hold less than one block, the prior alone
+    (copies of the estimators; the replays without prediction are shared)."""
     shape = PriorConfig(cfg.workers, cfg.slots, cfg.load, cfg.twin_windows)
+    margin = TwinConfig().margin
     baseline: dict = {}
     out = {}
     for kind, est in estimators.items():
@@ -302,27 +308,74 @@ def twin_scores(
             out[kind] = {**NO_TWIN}
             continue
         verdict = measure_prior(copy.deepcopy(est), requests, shape, baseline=baseline)
-        if verdict.windows > 0:
+        start = prior_start(est, cfg.workers, cfg.slots, cfg.load)
+        prior = start.stats if start is not None and start.test is not None else None
+        if verdict.windows > 0 and prior is None:
             out[kind] = twin_verdict(
                 verdict.start_weight, verdict.candidates, verdict.mean_log_ratio, verdict.upper
             )
-            continue
-        # fewer requests than a block: the evidence the model carries for this group, if any
-        start = prior_start(est, cfg.workers, cfg.slots, cfg.load)
-        if start is None or start.test is None:
+        elif prior is None:
             out[kind] = {**NO_TWIN}
-            continue
-        prior = start.stats
-        out[kind] = {
-            **twin_verdict(
-                prior["twin_prior_weight"],
-                start.test.candidates,
-                prior["twin_prior_mean_log_ratios"],
-                prior["twin_prior_upper"],
-            ),
-            "twin_from_prior": 1.0,
-        }
+        elif verdict.windows == 0:  # fewer requests than a block: the prior's evidence alone
+            out[kind] = {
+                **twin_verdict(
+                    prior["twin_prior_weight"],
+                    start.test.candidates,
+                    prior["twin_prior_mean_log_ratios"],
+                    prior["twin_prior_upper"],
+                ),
+                "twin_from_prior": 1.0,
+            }
+        else:
+            out[kind] = pooled_verdict(
+                verdict.candidates,
+                (verdict.mean_log_ratio, verdict.se),
+                (prior["twin_prior_mean_log_ratios"], prior["twin_prior_se"]),
+                margin,
+            )
     return out
+
+
+def pooled_verdict(
+    candidates: Sequence[float],
+    holdout: tuple[Sequence[float], Sequence[float]],
+    prior: tuple[Sequence[float], Sequence[float]],
+    margin: float,
+    z: float = 2.0,
+) -> dict[str, float]:
+    """The twin's rule on two independent measurements of each candidate's mean log ratio to
+    ``w = 0`` (the holdout's test and the model's prior, each ``(means, standard errors)``),
+    pooled by inverse variance: among the candidates whose pooled upper end ``exp(m + z se)``
+    is below ``exp(-margin)``, the largest gain, else ``w = 0``. ``twin_from_prior`` is the
+    prior's share of the pooled precision at the chosen weight. A short holdout alone rarely
+    resolves a gain (one or two blocks); with the prior it adds what it saw rather than
+    overruling evidence ten times its size."""
+    means, ses, shares = [], [], []
+    for j in range(len(candidates)):
+        precisions = [1.0 / s[j] ** 2 if s[j] > 0 else 0.0 for s in (holdout[1], prior[1])]
+        total = sum(precisions)
+        if total == 0.0:  # w = 0 itself, or no evidence either way
+            means.append(0.0)
+            ses.append(0.0)
+            shares.append(0.0)
+            continue
+        m = (holdout[0][j] * precisions[0] + prior[0][j] * precisions[1]) / total
+        means.append(m)
+        ses.append(1.0 / np.sqrt(total))
+        shares.append(precisions[1] / total)
+    uppers = [
+        float(np.exp(m + z * se)) if se > 0 else 1.0 for m, se in zip(means, ses, strict=True)
+    ]
+    resolved = [j for j, u in enumerate(uppers) if u < np.exp(-margin)]
+    if not resolved:
+        return {**NO_TWIN}
+    best = min(resolved, key=lambda j: means[j])
+    return {
+        "twin_ratio": float(np.exp(means[best])),
+        "twin_weight": float(candidates[best]),
+        "twin_upper": uppers[best],
+        "twin_from_prior": float(shares[best]),
+    }
 
 
 NO_TWIN = {"twin_ratio": 1.0, "twin_weight": 0.0, "twin_upper": 1.0, "twin_from_prior": 0.0}

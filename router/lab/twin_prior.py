@@ -471,6 +471,7 @@ def prior_start(
         "twin_prior_windows": prior.windows,
         "twin_prior_folds": prior.folds,
         "twin_prior_mean_log_ratios": list(prior.mean_log_ratio),
+        "twin_prior_se": list(prior.se),
         "twin_prior_upper": list(prior.upper),
     }
     here = "saturated" if load is None else f"at {load:g}x"

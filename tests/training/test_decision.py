@@ -13,6 +13,7 @@ from balanceroute.features.synthetic import generate
 from balanceroute.predict.base import survival_from_remaining
 from balanceroute.predict.registry import make_estimator
 from balanceroute.router.lab import twin as twin_module
+from balanceroute.router.lab.twin import TwinConfig
 from balanceroute.router.lab.twin_prior import PriorConfig, TwinPrior, attach_priors, measure_prior
 from balanceroute.router.policies.balance_config import BRH_DEFAULTS, GAMMA_MAX, GAMMA_MIN
 from balanceroute.router.policies.balance_route import BRHPolicy
@@ -22,7 +23,9 @@ from balanceroute.training.decision import curve_scores, discount_weights, route
 from balanceroute.training.holdout import make_holdout
 from balanceroute.training.recommend import RANKING_SCORES, REFERENCE, recommend
 from balanceroute.training.replay_scores import (
+    NO_TWIN,
     ReplayScoreConfig,
+    pooled_verdict,
     replay_scores,
     state_errors,
     twin_scores,
@@ -215,15 +218,15 @@ def _prior_1() -> TwinPrior:
     )
 
 
-def test_twin_scores_quote_a_models_prior_only_for_a_holdout_shorter_than_a_block():
+def test_twin_scores_quote_a_models_prior_for_a_short_holdout_and_pool_it_with_a_longer_one():
     """A model carrying a prior for the group: a holdout shorter than one block (2 x 8 x 8 =
     128 requests) gives the prior's weight and evidence; a holdout of one block or more gives
-    the twin's test on it, whatever the prior said (the old score quoted the prior until the
-    holdout held two blocks of the online twin's own)."""
+    the twin's test on it pooled with the prior by inverse variance (neither quoted alone)."""
     trace = generate("mooncake-conv", 900, seed=2)
     holdout = make_holdout(trace)
     est = make_estimator("survival", horizon=H).fit(holdout.train)
-    attach_priors(est, [_prior_1()])
+    prior = _prior_1()
+    attach_priors(est, [prior])
     cfg = ReplayScoreConfig(2, 8)
     s = twin_scores({"survival": est}, holdout.test.iloc[:100], cfg)["survival"]
     assert s["twin_weight"] == 1.0 and s["twin_from_prior"] == 1.0
@@ -231,8 +234,28 @@ def test_twin_scores_quote_a_models_prior_only_for_a_holdout_shorter_than_a_bloc
     part = holdout.test.iloc[:200]
     s = twin_scores({"survival": est}, part, cfg)["survival"]
     verdict = measure_prior(est, part, PriorConfig(2, 8, None, cfg.twin_windows))
-    assert s["twin_from_prior"] == 0.0 and s["twin_weight"] == verdict.start_weight
-    assert s["twin_weight"] == 0.0  # here the holdout does not confirm the prior's w = 1
-    j = verdict.candidates.index(verdict.start_weight)
-    expected = 1.0 if j == 0 else float(np.exp(verdict.mean_log_ratio[j]))
-    assert s["twin_ratio"] == pytest.approx(expected)
+    assert verdict.windows > 0
+    expected = pooled_verdict(
+        verdict.candidates,
+        (verdict.mean_log_ratio, verdict.se),
+        (prior.mean_log_ratio, prior.se),
+        TwinConfig().margin,
+    )
+    assert s == pytest.approx(expected)
+    if s["twin_weight"] > 0:
+        assert 0.0 < s["twin_from_prior"] < 1.0 and s["twin_upper"] < 1.0
+
+
+def test_pooling_resolves_what_neither_short_holdout_resolves_and_heeds_strong_contrary_evidence():
+    candidates = (0.0, 0.5, 1.0)
+    prior = ((0.0, -0.05, -0.2), (0.0, 0.03, 0.05))
+    weak = ((0.0, -0.05, -0.15), (0.0, 0.1, 0.1))  # alone: exp(-0.15 + 0.2) = 1.05, unresolved
+    s = pooled_verdict(candidates, weak, prior, 0.01)
+    assert s["twin_weight"] == 1.0
+    assert s["twin_ratio"] == pytest.approx(np.exp(-0.19))  # (-0.15 * 100 - 0.2 * 400) / 500
+    assert s["twin_upper"] == pytest.approx(np.exp(-0.19 + 2 / np.sqrt(500)))
+    assert s["twin_from_prior"] == pytest.approx(0.8)
+    against = ((0.0, 0.1, 0.3), (0.0, 0.02, 0.02))  # a long holdout where prediction hurts
+    assert pooled_verdict(candidates, against, prior, 0.01) == NO_TWIN
+    nothing = ((0.0, 0.0, 0.0), (0.0, 0.0, 0.0))  # no evidence at all: no move
+    assert pooled_verdict(candidates, nothing, nothing, 0.01) == NO_TWIN

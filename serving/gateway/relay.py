@@ -147,6 +147,24 @@ def read_event(req: LiveRequest, event: bytes, st: Stream, now: float) -> bytes 
     return event + b"\n\n"
 
 
+def report_finish(
+    life: Any, req: LiveRequest, rank: int, st: Stream, now: float
+) -> tuple[int, int]:
+    """Tell the request's life that its stream ended with ``[DONE]``: a completion with its
+    tokens and times, or an abort (cut short by the rank: not a completion to learn from);
+    the output and prompt tokens counted."""
+    if st.first_t is None:  # no token at all (max_tokens reached at once?): still an answer
+        st.first_t = st.last_t = now
+    tokens = max(1, st.tokens)
+    prompt = st.usage_prompt if st.usage_prompt > 0 else req.prompt_tokens
+    if st.finish_reason == ABORT:
+        life.abandoned("aborted")
+    else:
+        life.finished(rank, st.first_t, st.last_t or st.first_t, tokens, prompt, now,
+                      st.finish_reason)  # fmt: skip
+    return tokens, prompt
+
+
 class Relay(Response):
     """Runs one request to the end: the handler's response, an ASGI app of its own, so a
     disconnect is seen at once (it sends its own status and headers)."""
@@ -317,16 +335,7 @@ class Relay(Response):
 
     async def _finish(self, rank: int, st: Stream, send: Send) -> None:
         req = self.req
-        now = self.life.clock()
-        if st.first_t is None:  # no token at all (max_tokens reached at once?): still an answer
-            st.first_t = st.last_t = now
-        tokens = max(1, st.tokens)
-        prompt = st.usage_prompt if st.usage_prompt > 0 else req.prompt_tokens
-        if st.finish_reason == ABORT:  # cut short by the rank: not a completion to learn from
-            self.life.abandoned("aborted")
-        else:
-            self.life.finished(rank, st.first_t, st.last_t, tokens, prompt, now,  # type: ignore[arg-type]
-                               st.finish_reason)  # fmt: skip
+        tokens, prompt = report_finish(self.life, req, rank, st, self.life.clock())
         if req.stream:
             if not self.started:
                 await self._start_stream(send, st)

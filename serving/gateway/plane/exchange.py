@@ -25,12 +25,12 @@ import orjson
 from balanceroute.serving.gateway.life import LiveRequest
 from balanceroute.serving.gateway.plane.upstream import RankPool, Upstream
 from balanceroute.serving.gateway.relay import (
-    ABORT,
     FINISHED,
     RETRY,
     Stream,
     UpstreamBroke,
     read_event,
+    report_finish,
 )
 from balanceroute.serving.gateway.split.channel import Rejected
 from balanceroute.serving.gateway.split.lean import MARKERS, RemoteLife, WorkerContext, lean_body
@@ -287,16 +287,7 @@ class Exchange:
         if self.up is not None:
             self.up.release()
             self.up = None
-        now = self.ctx.clock()
-        if st.first_t is None:  # no token at all (max_tokens reached at once?): still an answer
-            st.first_t = st.last_t = now
-        tokens = max(1, st.tokens)
-        prompt = st.usage_prompt if st.usage_prompt > 0 else req.prompt_tokens
-        if st.finish_reason == ABORT:  # cut short by the rank: not a completion to learn from
-            self.life.abandoned("aborted")
-        else:
-            self.life.finished(self.rank, st.first_t, st.last_t or st.first_t, tokens, prompt,
-                               now, st.finish_reason)  # fmt: skip
+        tokens, prompt = report_finish(self.life, req, self.rank, st, self.ctx.clock())
         if req.stream:
             if not self.started:
                 self._start_stream(b"")

@@ -128,8 +128,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     s.add_argument(
         "--front", choices=["asgi", "protocol"],
-        help="with no relay workers: FastAPI/uvicorn with aiohttp (asgi, the default) or the "
-        "Protocol data plane and the decider in one process (protocol)",
+        help="with no relay workers: the Protocol data plane and the decider in one process "
+        "(protocol, the default) or FastAPI/uvicorn with aiohttp (asgi)",
     )  # fmt: skip
     p.set_defaults(func=cmd_gateway)
 

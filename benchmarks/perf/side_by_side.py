@@ -62,7 +62,7 @@ CLI = [sys.executable, "-c", "import sys; from balanceroute.cli import main; sys
 
 
 GATEWAY_MODES = {  # the gateway's process layout, by --gateway-modes name
-    "one": [],  # one process: FastAPI/uvicorn front, aiohttp to the ranks
+    "one": ["--front", "asgi"],  # one process: FastAPI/uvicorn front, aiohttp to the ranks
     "aio1": ["--relay-workers", "1", "--relay-plane", "aiohttp"],
     "aio2": ["--relay-workers", "2", "--relay-plane", "aiohttp"],
     "proto1": ["--relay-workers", "1", "--relay-plane", "protocol"],

@@ -145,9 +145,10 @@ class GatewaySettings(ServiceSettings):
         "does everything)",
     )  # fmt: skip
     front: Literal["asgi", "protocol"] = Field(
-        default="asgi",
-        description="with no relay workers: the one process's front, FastAPI/uvicorn with "
-        "aiohttp to the ranks (asgi), or the Protocol data plane beside the decider (protocol)",
+        default="protocol",
+        description="with no relay workers: the one process's front, the Protocol data plane "
+        "beside the decider (protocol, the cheapest layout), or FastAPI/uvicorn with aiohttp to "
+        "the ranks (asgi)",
     )  # fmt: skip
     relay_plane: Literal["protocol", "aiohttp"] = Field(
         default="protocol",

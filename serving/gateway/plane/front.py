@@ -306,8 +306,10 @@ class Connection(asyncio.Protocol):
                 self._answered()
 
     async def _pass(self, method: bytes, url: bytes, headers: Headers, body: bytes) -> None:
-        """Anything but a completion is the decider's: passed whole to its app."""
-        head = [method + b" " + url + b" HTTP/1.1", b"host: 127.0.0.1", b"connection: close",
+        """Anything but a completion is the decider's: passed whole to its app (a HEAD as a GET
+        whose body is not sent on: the decider's answer is read to its end either way)."""
+        head_only = method == b"HEAD"
+        head = [(b"GET" if head_only else method) + b" " + url + b" HTTP/1.1", b"host: 127.0.0.1", b"connection: close",
                 b"content-length: %d" % len(body)]  # fmt: skip
         head += [k + b": " + v for k, v in headers if k not in HOP]
         try:
@@ -321,17 +323,17 @@ class Connection(asyncio.Protocol):
             return
         if self.transport.is_closing():
             return
-        self.respond(status, [(k, v) for k, v in out if k not in HOP], content)
+        self.respond(status, [(k, v) for k, v in out if k not in HOP], content, head_only)
 
     # ---- answers (also the exchange's) ---------------------------------------------------
-    def respond(self, status: int, headers: Headers, body: bytes) -> None:
-        """A whole answer with ``content-length``."""
+    def respond(self, status: int, headers: Headers, body: bytes, head_only: bool = False) -> None:
+        """A whole answer with ``content-length`` (``head_only``: a HEAD's, without the body)."""
         lines = [b"HTTP/1.1 %d %s" % (status, _phrase(status))]
         lines += [k + b": " + v for k, v in headers]
         lines.append(b"content-length: %d" % len(body))
         if not self.keep:
             lines.append(b"connection: close")
-        self.transport.write(b"\r\n".join(lines) + b"\r\n\r\n" + body)
+        self.transport.write(b"\r\n".join(lines) + b"\r\n\r\n" + (b"" if head_only else body))
         self._answered()
 
     def start_stream(self, headers: Headers) -> None:

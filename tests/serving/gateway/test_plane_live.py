@@ -146,8 +146,8 @@ def test_a_client_that_leaves_frees_its_slot_and_the_ranks(tmp_path):
 
 
 def test_the_fronts_own_answers_and_the_pass_through(two_fakes, tmp_path):
-    """vLLM-shaped 400 and 401, a 413 for a big body, 404 and probes from the decider's app,
-    the Host check, and a request whose headers never end gets 408."""
+    """vLLM-shaped 400 and 401, a 413 for a big body, 404 and probes from the decider's app
+    (a HEAD probe too), the Host check, and a request whose headers never end gets 408."""
     token = "t" * 24
     gw = PlaneGateway(tmp_path / "gw.out", [two_fakes[0].url], "--slots", "4",
                       "--header-timeout", "1s", env={"BALANCEROUTE_API_TOKEN": token,
@@ -168,6 +168,9 @@ def test_the_fronts_own_answers_and_the_pass_through(two_fakes, tmp_path):
         r = gw.post("/v1/completions", json={"prompt": "plain", "max_tokens": 3}, headers=auth)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
         assert gw.get("/readyz").json()["status"] == "ready"
+        probe = httpx.head(gw.url + "/health", timeout=10)  # a HEAD probe: GET's head, no body
+        assert probe.status_code == 200 and probe.content == b""
+        assert int(probe.headers["content-length"]) == len(gw.get("/health").content)
         assert gw.get("/nowhere", headers=auth).status_code == 404
         assert "balanceroute_gateway_requests_total" in gw.get("/metrics", headers=auth).text
         with socket.create_connection(("127.0.0.1", gw.port), timeout=10) as s:

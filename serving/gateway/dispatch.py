@@ -12,11 +12,12 @@ a policy. Arms switch at window boundaries (:class:`Switchback`): the incoming p
 starved of data.
 
 A request that arrives alone into a group with a free slot is decided at once
-(:meth:`Dispatcher.arrived`). The loop (:meth:`Dispatcher.run`) does only what the state asks for: a decision and a sample every
-tick while requests wait; while they only run, the group's pulse (its step estimate, and the
-twins' clock) every tick if the group counts steps by ticks (ages from chunks), and a sample every
-``sample_s``; with nothing waiting or running it sleeps until an arrival wakes it or the next
-sample is due. Arrivals, finishes, re-queues and a rank's return wake it and decide at once.
+(:meth:`Dispatcher.arrived`). The loop (:meth:`Dispatcher.run`) does only what the state asks
+for: a decision and a sample every tick while requests wait; while they only run, the group's
+pulse (its step estimate, and the twins' clock) every tick if the group counts steps by ticks
+(ages from chunks), and a sample every ``sample_s``; with nothing waiting or running it sleeps
+until an arrival wakes it or the next sample is due. Finishes, re-queues and a rank's return
+wake it and decide at the event loop's next pass.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ class Dispatcher:
         to batch it with; at low load this is every arrival, and its first token is not made to
         wait for the event loop's next pass), else at the loop's next pass (:meth:`wake`)."""
         group = self.group
-        if group.pool.size == 1 and not group.departures and group.has_free_slot():
+        if group.pool.size == 1 and group.has_free_slot():
             self._stirred.set()
             self.decide()
         else:

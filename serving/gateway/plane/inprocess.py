@@ -42,7 +42,7 @@ class LocalChannel(DeciderChannel):
     def __init__(self, decider: Decider) -> None:
         super().__init__("", on_lost=lambda: None)
         self.decider = decider
-        self.link = Link(self)  # type: ignore[arg-type]
+        self.link = Link(self, deliver=self.deliver)  # type: ignore[arg-type]
 
     async def open(self) -> None:
         return None

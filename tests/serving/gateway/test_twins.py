@@ -9,6 +9,7 @@ import itertools
 import threading
 
 import numpy as np
+from prometheus_client import generate_latest
 
 from balanceroute.predict.factory import build_estimator
 from balanceroute.router.lab.twin import TwinConfig, TwinGroup
@@ -222,3 +223,19 @@ def test_a_model_with_a_prior_for_this_group_starts_its_twin_there_and_another_s
         assert isinstance(job, LiveTwin)
         started[name] = (started[name], job.weight, traffic.blends[-1])
     assert started == {"here": (1.0, 1.0, 1.0), "other": (0.0, 0.0, 0.0)}
+
+
+def test_metrics_carry_the_twins_thread_cpu_and_the_counterfactuals_blocks():
+    """The per-arm CPU leaves the comparison out; the thread's gauge is what the cap bounds."""
+    m = GatewayMetrics()
+    row = {"twin_weight": 0.5, "twin_decisions": 3, "twin_switches": 1, "twin_cpu_s": 2.0,
+           "twin_lag_blocks": 0}  # fmt: skip
+    m.twins({"a": row}, 3.25, {"blocks": 2})
+    text = generate_latest(m.registry).decode()
+    assert "balanceroute_gateway_twin_worker_cpu_seconds 3.25" in text
+    assert "balanceroute_gateway_twin_comparison_blocks 2.0" in text
+    assert 'balanceroute_gateway_twin_cpu_seconds{arm="a"} 2.0' in text
+    m.twins({"a": row})  # no thread figures given: the last ones stay
+    assert (
+        "balanceroute_gateway_twin_worker_cpu_seconds 3.25" in generate_latest(m.registry).decode()
+    )

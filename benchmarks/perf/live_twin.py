@@ -271,6 +271,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "loadavg_before": load_before,
         "loadavg_after": load_after,
         "loadavg_1m_during_median": float(np.median([s["loadavg_1m"] for s in poller.samples])),
+        "polls_total": len(poller.samples),
+        "polls_failed": sum("error" in s for s in poller.samples),  # a first-seen time is late
         "twin_weight": weight_course(poller.samples, gbdt),
         "twin_cpu": cpu_share(poller.samples, gbdt, wall or live_wall),
         "twins": ab.get("twins"),

@@ -76,6 +76,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--tokenizer", metavar="FILE", help="a tokenizer.json for exact prompt counts")
     r.add_argument("--max-pool", type=positive_int, help="waiting requests at most (4096)")
     r.add_argument("--tick", dest="tick_s", type=duration, help="decision tick (10ms)")
+    r.add_argument("--sample", dest="sample_s", type=duration,
+                   help="the group's sample (metrics, A/B imbalance, ticks.parquet) while no "
+                   "request waits (100ms; every tick while one does)")  # fmt: skip
     r.add_argument("--max-attempts", type=positive_int, help="ranks a request may try (3)")
     r.add_argument("--first-token-timeout", dest="first_token_timeout_s", type=duration,
                    help="first token deadline from forwarding; then re-routed (60s)")  # fmt: skip
@@ -128,14 +131,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     s.add_argument(
         "--front", choices=["asgi", "protocol"],
-        help="with no relay workers: FastAPI/uvicorn with aiohttp (asgi, the default) or the "
-        "Protocol data plane and the decider in one process (protocol)",
+        help="with no relay workers: the Protocol data plane and the decider in one process "
+        "(protocol, the default) or FastAPI/uvicorn with aiohttp (asgi)",
     )  # fmt: skip
     p.set_defaults(func=cmd_gateway)
 
 
 FLAGS = ("ranks", "slots", "rank_header", "group_size", "router", "estimator", "estimator_url",
-         "estimator_timeout_s", "history", "tokenizer", "max_pool", "tick_s", "max_attempts",
+         "estimator_timeout_s", "history", "tokenizer", "max_pool", "tick_s", "sample_s", "max_attempts",
          "first_token_timeout_s", "chunk_timeout_s", "drain_timeout_s", "no_rank_wait_s",
          "arms", "switch_every_s", "warmup_s", "seed", "track", "host", "port", "out",
          "health_interval_s", "health_fall", "health_rise", "header_timeout_s", "body_timeout_s",

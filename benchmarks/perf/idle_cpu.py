@@ -6,6 +6,8 @@ most of the gateway's CPU per relayed token, so ``side_by_side.py``'s CPU column
 
     .venv/bin/python benchmarks/perf/idle_cpu.py                          # every layout, 20 s each
     .venv/bin/python benchmarks/perf/idle_cpu.py --layouts one,inproc --seconds 10
+    .venv/bin/python benchmarks/perf/idle_cpu.py --layouts one,inproc --repeats 3 \
+        --base-python ../wt-a-base/.venv/bin/python       # this tree's gateway against main's
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import psutil
 from balanceroute.serving.testbed.harness import ServerProcess, clean_env, free_port, free_ports
 
 CLI = [sys.executable, "-c", "import sys; from balanceroute.cli import main; sys.exit(main())"]
-LAYOUTS = {"one": [], "inproc": ["--front", "protocol"],
+LAYOUTS = {"one": ["--front", "asgi"], "inproc": ["--front", "protocol"],
            "proto1": ["--relay-workers", "1"], "aio1": ["--relay-workers", "1", "--relay-plane",
                                                          "aiohttp"]}  # fmt: skip
 G, B = 8, 32
@@ -34,13 +36,14 @@ def cpu(proc: psutil.Process) -> float:
     return t.user + t.system
 
 
-def one_layout(name: str, urls: list[str], seconds: float, folder: Path) -> dict:
+def one_layout(name: str, urls: list[str], seconds: float, folder: Path,
+               python: str = sys.executable) -> dict:  # fmt: skip
     port = free_port()
-    args = [*CLI, "gateway", "--slots", str(B), "--port", str(port), "--router", "count-jsq",
+    args = [python, *CLI[1:], "gateway", "--slots", str(B), "--port", str(port), "--router", "count-jsq",
             "--no-mlflow", *LAYOUTS[name]]  # fmt: skip
     for u in urls:
         args += ["--rank", u]
-    gw = ServerProcess(args, log=folder / f"{name}.out",
+    gw = ServerProcess(args, log=folder / f"{name}-{port}.out",
                        env=clean_env({"BALANCEROUTE_LOG_LEVEL": "warning"}), group=True)  # fmt: skip
     try:
         gw.wait_ready([f"http://127.0.0.1:{port}/readyz"], 120)
@@ -53,7 +56,7 @@ def one_layout(name: str, urls: list[str], seconds: float, folder: Path) -> dict
         used = [cpu(p) - b for p, b in zip(procs, before, strict=True)]
     finally:
         gw.terminate(30)
-    return {"layout": name, "seconds": seconds, "cpu_s_per_s": sum(used) / seconds,
+    return {"layout": name, "python": python, "seconds": seconds, "cpu_s_per_s": sum(used) / seconds,
             "main_cpu_s_per_s": used[0] / seconds, "others_cpu_s_per_s": sum(used[1:]) / seconds,
             "processes": len(procs), "loadavg_before": load}  # fmt: skip
 
@@ -62,6 +65,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--layouts", type=lambda t: t.split(","), default=list(LAYOUTS))
     p.add_argument("--seconds", type=float, default=20.0)
+    p.add_argument("--base-python", help="another installation's python (a worktree of main with "
+                   "its own .venv): each layout measured with it too, alternately")  # fmt: skip
+    p.add_argument("--repeats", type=int, default=1, help="rounds over the layouts")
     args = p.parse_args()
     bad = [x for x in args.layouts if x not in LAYOUTS]
     if bad:
@@ -75,8 +81,12 @@ def main() -> None:
         urls = [f"http://127.0.0.1:{base + g}" for g in range(G)]
         try:
             emu.wait_ready([u + "/health" for u in urls], timeout_s=180, poll_s=0.2)
-            for name in args.layouts:
-                print(json.dumps(one_layout(name, urls, args.seconds, folder)), flush=True)
+            pythons = [sys.executable] + ([args.base_python] if args.base_python else [])
+            for _ in range(args.repeats):
+                for name in args.layouts:
+                    for python in pythons:
+                        row = one_layout(name, urls, args.seconds, folder, python)
+                        print(json.dumps(row), flush=True)
         finally:
             emu.terminate(60)
 

@@ -62,7 +62,7 @@ CLI = [sys.executable, "-c", "import sys; from balanceroute.cli import main; sys
 
 
 GATEWAY_MODES = {  # the gateway's process layout, by --gateway-modes name
-    "one": [],  # one process: FastAPI/uvicorn front, aiohttp to the ranks
+    "one": ["--front", "asgi"],  # one process: FastAPI/uvicorn front, aiohttp to the ranks
     "aio1": ["--relay-workers", "1", "--relay-plane", "aiohttp"],
     "aio2": ["--relay-workers", "2", "--relay-plane", "aiohttp"],
     "proto1": ["--relay-workers", "1", "--relay-plane", "protocol"],
@@ -73,12 +73,15 @@ GATEWAY_MODES = {  # the gateway's process layout, by --gateway-modes name
 
 def arms(args: argparse.Namespace) -> list[tuple[str, str, str | None]]:
     """(name, kind, policy) of every arm, ``direct`` first (a gateway arm's kind names its
-    mode: ``gateway`` for ``one``, else ``gateway-MODE``)."""
+    mode: ``gateway`` for ``one``, else ``gateway-MODE``; with ``--base-python`` every gateway arm
+    again as ``base[MODE]:ROUTER``, kind ``base-gateway...``, run by that interpreter)."""
     out: list[tuple[str, str, str | None]] = [("direct", "direct", None)]
-    for mode in args.gateway_modes:
-        tag = "" if mode == "one" else f"[{mode}]"
-        kind = "gateway" if mode == "one" else f"gateway-{mode}"
-        out += [(f"gateway{tag}:{r}", kind, r) for r in args.routers]
+    for base in ([""] + (["base-"] if args.base_python else [])):
+        for mode in args.gateway_modes:
+            tag = "" if mode == "one" else f"[{mode}]"
+            kind = base + ("gateway" if mode == "one" else f"gateway-{mode}")
+            name = "base" if base else "gateway"
+            out += [(f"{name}{tag}:{r}", kind, r) for r in args.routers]
     out += [(f"sglang-router:{p}", "sglang", p) for p in args.sglang_policies]
     out += [(f"vllm-router:{p}", "vllm", p) for p in args.vllm_policies]
     return out
@@ -98,14 +101,19 @@ def start_emulator(
 
 
 def start_router(
-    kind: str, policy: str, urls: list[str], out: Path, peers: Path
+    kind: str, policy: str, urls: list[str], out: Path, peers: Path, base_python: str | None = None
 ) -> tuple[ServerProcess, str]:
-    """The gateway or a peer router in front of ``urls``; its URL once it answers."""
+    """The gateway or a peer router in front of ``urls``; its URL once it answers (a
+    ``base-gateway...`` kind: the gateway of ``base_python``'s installation)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
+    cli = CLI
+    if kind.startswith("base-"):
+        assert base_python is not None
+        kind, cli = kind.removeprefix("base-"), [base_python, *CLI[1:]]
     if kind.startswith("gateway"):
         mode = GATEWAY_MODES[kind.partition("-")[2] or "one"]
-        args = [*CLI, "gateway", "--slots", str(B), "--port", str(port), "--out", str(out / "gateway"),
+        args = [*cli, "gateway", "--slots", str(B), "--port", str(port), "--out", str(out / "gateway"),
                 "--router", policy, "--no-mlflow", *mode]  # fmt: skip
         for u in urls:
             args += ["--rank", u]
@@ -201,7 +209,7 @@ def steady(out: Path) -> dict[str, Any]:
 
 
 def one_arm(kind: str, policy: str | None, trace: Path, n: int, load: float, ts: float,
-            out: Path, peers: Path) -> dict[str, Any]:  # fmt: skip
+            out: Path, peers: Path, base_python: str | None = None) -> dict[str, Any]:  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
     emu, urls = start_emulator(ts, out / "emulator", out / "emulator.out",
@@ -213,7 +221,7 @@ def one_arm(kind: str, policy: str | None, trace: Path, n: int, load: float, ts:
             summary = run_bench(",".join(urls), trace, n, load, ts, out / "bench")
         else:
             assert policy is not None
-            router, url = start_router(kind, policy, urls, out, peers)
+            router, url = start_router(kind, policy, urls, out, peers, base_python)
             ps = psutil.Process(router.pid)
             cpu0, main0 = cpu_s(ps), cpu_s(ps, children=False)
             summary = run_bench(url, trace, n, load, ts, out / "bench")
@@ -248,7 +256,8 @@ def one_load(args: argparse.Namespace, load: float, n: int, trace: Path, out: Pa
         t0 = time.time()
         try:
             rows[name] = one_arm(kind, policy, trace, n, load, args.time_scale,
-                                 out / name.replace(":", "-"), args.peers_bin)  # fmt: skip
+                                 out / name.replace(":", "-"), args.peers_bin,
+                                 args.base_python)  # fmt: skip
         except (RuntimeError, subprocess.CalledProcessError, OSError) as exc:
             rows[name] = {"error": str(exc)[-1500:]}
         rows[name]["wall_s"] = time.time() - t0
@@ -321,6 +330,8 @@ def main() -> None:
     p.add_argument("--vllm-policies", type=lambda t: [x for x in t.split(",") if x],
                    default=list(VLLM_POLICIES))  # fmt: skip
     p.add_argument("--peers-bin", type=Path, help="folder with sglang-router and vllm-router")
+    p.add_argument("--base-python", help="another installation's python (e.g. a worktree of main "
+                   "with its own .venv): every gateway arm again with its gateway, as base[MODE]")  # fmt: skip
     args = p.parse_args()
     if args.render:
         print(render(json.loads(Path(args.render).read_text())))

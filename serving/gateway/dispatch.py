@@ -1,5 +1,5 @@
 """The decision loop: the configured policy on the live state, on every arrival, every finished
-stream and every tick.
+stream and every tick while requests wait.
 
 A decision tells the active policy which requests left since the last one (``on_complete``,
 before any of their positions is reused), hands the finished ones to every arm's model through
@@ -10,11 +10,20 @@ Decisions run on the event loop, between two relayed chunks, so the state never 
 a policy. Arms switch at window boundaries (:class:`Switchback`): the incoming policy is
 ``reset`` once per activation; every arm's estimator learns from every completion, so no arm is
 starved of data.
+
+A request that arrives alone into a group with a free slot is decided at once
+(:meth:`Dispatcher.arrived`). The loop (:meth:`Dispatcher.run`) does only what the state asks
+for: a decision and a sample every tick while requests wait; while they only run, the group's
+pulse (its step estimate, and the twins' clock) every tick if the group counts steps by ticks
+(ages from chunks), and a sample every ``sample_s``; with nothing waiting or running it sleeps
+until an arrival wakes it or the next sample is due. Finishes, re-queues and a rank's return
+wake it and decide at the event loop's next pass.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
@@ -68,6 +77,9 @@ class Dispatcher:
         self.step_ns: dict[str, deque[int]] = {a: deque(maxlen=STEP_SAMPLES) for a in self.arms}
         self.violations = 0
         self._scheduled = False
+        self._stirred = asyncio.Event()  # set by wake(): the idle loop's alarm
+        self._load_gauges = [metrics.load.labels(str(g)) for g in range(group.ranks)]
+        self._running_gauges = [metrics.running.labels(str(g)) for g in range(group.ranks)]
         self._fallbacks: dict[str, int] = dict.fromkeys(self.arms, 0)
         # (epoch s, pool size, imbalance, arm, view) every tick, written to OUT/ticks.parquet;
         # view: the per-rank loads then running counts as int32 bytes (compact for long runs)
@@ -88,6 +100,18 @@ class Dispatcher:
         if not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._scheduled_decision)
+        self._stirred.set()
+
+    def arrived(self) -> None:
+        """A request joined the pool: decided now if it waits alone and a slot is free (nothing
+        to batch it with; at low load this is every arrival, and its first token is not made to
+        wait for the event loop's next pass), else at the loop's next pass (:meth:`wake`)."""
+        group = self.group
+        if group.pool.size == 1 and group.has_free_slot():
+            self._stirred.set()
+            self.decide()
+        else:
+            self.wake()
 
     def _scheduled_decision(self) -> None:
         self._scheduled = False
@@ -164,24 +188,39 @@ class Dispatcher:
         return len(positions)
 
     # ---- the tick -------------------------------------------------------------------------
-    def sample(self) -> float:
-        """Per-rank loads and the live imbalance (max minus mean load) into the metrics, and
-        the tick's sample (with the per-rank view the live benchmark checks against the
-        engine's iteration log)."""
+    def pulse(self, now: float) -> int:
+        """The group's step estimate brought up to ``now`` without a decision (nobody waits),
+        and the twins' clock with it; the iteration."""
+        iteration = self.group.pulse(now)
+        if self.twins is not None:
+            self.twins.tick(iteration)
+        return iteration
+
+    def sample(self, *, regular: bool = True) -> float:
+        """The tick's sample (pool size, imbalance, the per-rank view the live benchmark checks
+        against the engine's iteration log) into ``ticks``; ``regular`` (every ``sample_s``, not
+        the extra ones of ticks while requests wait): also the metrics and the switchback's
+        imbalance, so the switchback's samples stay even in time; the imbalance (max minus mean
+        load)."""
         now = self.clock()
         group = self.group
         loads = group.loads()
         imbalance = float(loads.max() - loads.mean()) if loads.size else 0.0
-        m = self.metrics
+        if regular:
+            self._activate(now)  # an idle gateway makes no decision at a window's boundary
         label = self.active.label if self.active is not None else ""
-        m.imbalance.labels(label).observe(imbalance)
-        m.pool.set(group.pool.size)
-        for g in range(group.ranks):
-            m.load.labels(str(g)).set(float(loads[g]))
-            m.running.labels(str(g)).set(int(group.inflight[g]))
-        self.switchback.sample(imbalance, now)
         view = np.concatenate((loads, group.inflight)).astype(np.int32).tobytes()
         self.ticks.append((time.time(), group.pool.size, imbalance, label, view))
+        if not regular:
+            return imbalance
+        m = self.metrics
+        m.imbalance.labels(label).observe(imbalance)
+        m.pool.set(group.pool.size)
+        for g, gauge in enumerate(self._load_gauges):
+            gauge.set(float(loads[g]))
+        for g, gauge in enumerate(self._running_gauges):
+            gauge.set(int(group.inflight[g]))
+        self.switchback.sample(imbalance, now)
         self._count_fallbacks()
         return imbalance
 
@@ -194,13 +233,49 @@ class Dispatcher:
                 self.metrics.fallbacks.labels(label).inc(fell - self._fallbacks[label])
                 self._fallbacks[label] = fell
 
-    async def run(self, tick_s: float) -> None:
-        """Decide and sample every ``tick_s`` until cancelled."""
-        while True:
+    def _busy(self) -> bool:
+        """Whether the next tick has work: requests wait, departures wait for ``on_complete``,
+        or requests run on a group whose step estimate counts ticks."""
+        group = self.group
+        return bool(group.pool.size or group.departures or group.needs_tick())
+
+    async def _pause(self, tick_s: float, next_sample: float) -> None:
+        """One tick when busy; else asleep until woken (:meth:`wake`) or the sample is due."""
+        if self._busy():
             await asyncio.sleep(tick_s)
+            return
+        self._stirred.clear()
+        wait = next_sample - self.clock()
+        if wait > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stirred.wait(), wait)
+
+    def tick(self, now: float, next_sample: float) -> bool:
+        """One pass of the loop at ``now``: a decision if requests wait (or departures do), else
+        the pulse; a sample while requests wait or when ``next_sample`` is due; whether the
+        sample was the regular one."""
+        group = self.group
+        waiting = bool(group.pool.size or group.departures)
+        if waiting:
+            self.decide()
+        else:
+            self.pulse(now)
+        regular = now >= next_sample
+        if regular or group.pool.size:
+            self.sample(regular=regular)
+        return regular
+
+    async def run(self, tick_s: float, sample_s: float | None = None) -> None:
+        """The loop (module docstring) until cancelled: decisions every ``tick_s`` while requests
+        wait, a regular sample every ``sample_s`` (``tick_s`` when None)."""
+        every = tick_s if sample_s is None else max(sample_s, tick_s)
+        next_sample = self.clock()
+        while True:
+            await self._pause(tick_s, next_sample)
             try:
-                self.decide()
-                self.sample()
+                now = self.clock()
+                if self.tick(now, next_sample):
+                    next_sample = max(next_sample + every, now)
             except Exception:  # a bug must not stop the loop that admits every request
                 log.exception("decision tick failed")
 

@@ -3,6 +3,10 @@
 comes back after ``health_rise`` good answers in a row (2), so one slow or missed probe (an
 overloaded engine) never takes a rank, or every rank, out.
 
+A rank in rotation that streamed a token or finished a request since the last round (the
+group's ``heard`` count) is serving: it is not probed that round, so a busy group costs no
+checks; a rank that is quiet, suspect, out or refusing the key is.
+
 A forwarding failure marks its rank suspect at once and checks it without waiting for the next
 round. A rank that refused the gateway's credentials (401/403: a wrong
 ``BALANCEROUTE_UPSTREAM_API_KEY``) looks healthy to ``/health``, which vLLM does not guard, so it
@@ -53,6 +57,8 @@ class RankHealth:
         self.refused: dict[int, str] = {}  # ranks that refused the credentials, and why
         self.auth_headers: Callable[[int], dict[str, Any]] = lambda rank: {}
         self.fails = [0] * group.ranks  # failed checks in a row
+        self.heard_then = group.heard.copy()  # the group's ``heard`` at the last round
+        self.skipped = 0  # checks not made: the rank was serving
         self.passes = [0] * group.ranks  # good checks in a row
         for g in range(group.ranks):
             metrics.healthy.labels(str(g)).set(1)
@@ -141,9 +147,22 @@ class RankHealth:
                 why = refused
         self._probed(rank, ok, why)
 
+    def serving_ranks(self) -> set[int]:
+        """Ranks in rotation, with no failed check pending, that streamed or finished since
+        the last round: their answers are the check (module docstring)."""
+        group = self.group
+        heard, self.heard_then = group.heard > self.heard_then, group.heard.copy()
+        if self.settings.rank_header is not None:  # one upstream: rank 0 stands for all
+            ok = bool(heard.any()) and bool(group.healthy.all()) and not self.refused
+            return {0} if ok and self.fails[0] == 0 else set()
+        return {g for g in range(group.ranks)
+                if heard[g] and group.healthy[g] and self.fails[g] == 0 and g not in self.refused}  # fmt: skip
+
     async def check_all(self) -> None:
         ranks = [0] if self.settings.rank_header is not None else range(self.group.ranks)
-        await asyncio.gather(*(self.check(g) for g in ranks))
+        serving = self.serving_ranks()
+        self.skipped += len(serving)
+        await asyncio.gather(*(self.check(g) for g in ranks if g not in serving))
 
     async def run(self, session: aiohttp.ClientSession) -> None:
         """Check every interval (and at once after a suspected failure) until cancelled."""

@@ -63,8 +63,9 @@ def arrive(
     key: str,
     key_hash: int,
 ) -> LiveRequest:
-    """Queue a counted request in the pool (a burst that fills it gets a decision at once);
-    :class:`PoolFull` when there is no room."""
+    """Queue a counted request in the pool (a burst that fills it gets a decision at once, and
+    so does a lone arrival: :meth:`Dispatcher.arrived`); :class:`PoolFull` when there is no
+    room."""
     group = gw.group
     if group.pool.size >= gw.settings.max_pool or group.positions_free == 0:
         gw.dispatcher.decide()  # a burst may fill the pool before the loop's next decision
@@ -93,7 +94,7 @@ def arrive(
         ticket=gw.twins.arrived(float(group.arrival_s[position]), tokens, key_hash),
     )
     gw.metrics.outcomes.labels("accepted").inc()
-    gw.dispatcher.wake()
+    gw.dispatcher.arrived()
     return req
 
 
@@ -140,7 +141,18 @@ class RequestLife:
                                    return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
             finally:
                 change.cancel()
-        rank = req.admitted.result()
+        return self._took(req.admitted.result())
+
+    def admitted_now(self) -> int | None:
+        """The rank if the request was admitted already (an arrival into an idle group is
+        decided at once), else None: the caller waits with :meth:`admitted`."""
+        fut = self.req.admitted
+        if not fut.done() or fut.cancelled() or fut.exception() is not None:
+            return None
+        return self._took(fut.result())
+
+    def _took(self, rank: int) -> int:
+        gw, req = self.gw, self.req
         now = gw.clock()
         wait = req.queue_s = now - req.arrival
         gw.metrics.wait.labels(gw.arm_label).observe(wait)

@@ -4,7 +4,8 @@ Per rank: running requests, KV load, health. The group: live imbalance (max minu
 per-rank loads, every tick) as a histogram, pool size, admission wait, TTFT and TPOT seen at the
 gateway, decisions and router step time, prediction fallbacks, re-routes and requests by outcome;
 everything the arms change is labelled by arm. The live twins (:mod:`.twins`): weight, blocks
-judged, switches, CPU seconds and lag per driven arm.
+judged, switches, CPU seconds and lag per driven arm; the twins' thread's CPU seconds (the twins
+and the switchback's counterfactual, what the CPU cap bounds) and the counterfactual's blocks.
 """
 
 from __future__ import annotations
@@ -102,8 +103,30 @@ class GatewayMetrics:
             registry=r,
         )
 
-    def twins(self, rows: dict[str, dict[str, Any]]) -> None:
-        """The live twins' state by arm (set when ``/metrics`` is scraped)."""
+        self.twin_worker_cpu = Gauge(
+            P + "twin_worker_cpu_seconds",
+            "the live twins' thread: CPU seconds of every twin and the counterfactual comparison "
+            "(what the thread's CPU cap bounds)",
+            registry=r,
+        )
+        self.twin_comparison_blocks = Gauge(
+            P + "twin_comparison_blocks",
+            "the switchback's counterfactual: blocks replayed under every arm",
+            registry=r,
+        )
+
+    def twins(
+        self,
+        rows: dict[str, dict[str, Any]],
+        worker_cpu_s: float | None = None,
+        comparison: dict[str, Any] | None = None,
+    ) -> None:
+        """The live twins' state by arm, the thread's CPU and the counterfactual's blocks (set
+        when ``/metrics`` is scraped)."""
+        if worker_cpu_s is not None:
+            self.twin_worker_cpu.set(worker_cpu_s)
+        if comparison is not None:
+            self.twin_comparison_blocks.set(comparison["blocks"])
         for arm, row in rows.items():
             self.twin_weight.labels(arm).set(row["twin_weight"])
             self.twin_blocks.labels(arm).set(row["twin_decisions"])

@@ -124,7 +124,7 @@ class Gateway:
         self.dispatcher.decide()  # activates the first arm
         self.twins.start()
         self._tasks = [
-            loop.create_task(self.dispatcher.run(s.tick_s), name="gateway-tick"),
+            loop.create_task(self.dispatcher.run(s.tick_s, s.sample_s), name="gateway-tick"),
             loop.create_task(self.health.run(self._session), name="gateway-health"),
             loop.create_task(self._rotate(), name="gateway-log"),
         ]
@@ -178,6 +178,7 @@ class Gateway:
             "warmup_s": s.warmup,
             "seed": s.seed,
             "tick_s": s.tick_s,
+            "sample_s": s.sample_s,
             "max_pool": s.max_pool,
             "tokenizer": s.tokenizer,
             "estimator_url": s.estimator_url,

@@ -93,6 +93,14 @@ class GatewaySettings(ServiceSettings):
         allow_inf_nan=False,
         description="the decision loop's tick (no longer than one engine step)",
     )
+    sample_s: float = Field(
+        default=0.1,
+        gt=0,
+        le=60,
+        allow_inf_nan=False,
+        description="seconds between two samples of the group (metrics, the switchback's "
+        "imbalance, OUT/ticks.parquet) while no request waits; every tick while one does",
+    )
     health_interval_s: float = Field(
         default=1.0, gt=0, le=60, allow_inf_nan=False, description="seconds between health checks"
     )
@@ -145,9 +153,10 @@ class GatewaySettings(ServiceSettings):
         "does everything)",
     )  # fmt: skip
     front: Literal["asgi", "protocol"] = Field(
-        default="asgi",
-        description="with no relay workers: the one process's front, FastAPI/uvicorn with "
-        "aiohttp to the ranks (asgi), or the Protocol data plane beside the decider (protocol)",
+        default="protocol",
+        description="with no relay workers: the one process's front, the Protocol data plane "
+        "beside the decider (protocol, the cheapest layout), or FastAPI/uvicorn with aiohttp to "
+        "the ranks (asgi)",
     )  # fmt: skip
     relay_plane: Literal["protocol", "aiohttp"] = Field(
         default="protocol",

@@ -111,6 +111,7 @@ class LiveGroup:
         self.overtaken = np.zeros(n, dtype=np.int64)
         self.inflight = np.zeros(self.ranks, dtype=np.int64)
         self.healthy = np.ones(self.ranks, dtype=bool)
+        self.heard = np.zeros(self.ranks, dtype=np.int64)  # tokens or finishes heard per rank
         self.pool = LivePool(self)
         self._free = list(range(n - 1, -1, -1))
         self._tokens_at_decision = 0
@@ -178,6 +179,9 @@ class LiveGroup:
         if grew > 0:
             self.age[position] = tokens
             self.tokens_seen += grew
+            g = self.rank[position]
+            if g >= 0:
+                self.heard[g] += 1
 
     def correct_prompt(self, position: int, prompt_tokens: int) -> None:
         """The rank's own prompt count (``usage.prompt_tokens``) replaces the estimate."""
@@ -219,6 +223,10 @@ class LiveGroup:
         free[~self.healthy] = 0
         return free
 
+    def has_free_slot(self) -> bool:
+        """Whether any rank in rotation has a free slot."""
+        return bool(((self.inflight < self.slots) & self.healthy).any())
+
     def running(self) -> RunningRequests:
         mask = self.running_mask()
         pos = np.flatnonzero(mask)
@@ -232,12 +240,23 @@ class LiveGroup:
             prompt_tokens=prompts,
         )
 
-    def snapshot(self, now: float) -> RouterState:
-        """The router's state now (advancing the step estimate if tokens arrived)."""
+    def pulse(self, now: float) -> int:
+        """The step estimate at ``now``: one more if tokens arrived since the last pulse; the
+        iteration."""
         self.now = now
         if self.tokens_seen != self._tokens_at_decision:
             self._tokens_at_decision = self.tokens_seen
             self.iteration += 1
+        return self.iteration
+
+    def needs_tick(self) -> bool:
+        """Whether the step estimate needs a pulse every tick now: requests run (their tokens
+        advance it one tick at a time)."""
+        return bool(self.inflight.any())
+
+    def snapshot(self, now: float) -> RouterState:
+        """The router's state now (advancing the step estimate if tokens arrived)."""
+        self.pulse(now)
         return RouterState(
             iteration=self.iteration,
             time_s=now,

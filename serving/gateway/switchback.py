@@ -211,13 +211,19 @@ def paired_ratio(rows: list[dict[str, Any]], reference: str, arm: str, metric: s
 def twin_agreement(summary: dict[str, Any], counterfactual: dict[str, Any]) -> dict[str, Any]:
     """Per arm: the switchback's measured imbalance ratio against the reference beside the
     twin's counterfactual one on the same traffic; they agree when both say the same side of
-    1 and their 95% intervals overlap (``undecided`` while either has no interval)."""
+    1 and their 95% intervals overlap (``undecided`` while either has no interval).
+    ``identical``: the twin replayed the arm at ``w = 0`` on every block, so the two arms routed
+    alike there (a twin-driven arm at ``w = 0`` is the reference): an agreement then says only
+    that the switchback found no difference where the twin saw none to find."""
     out = {}
     twin = counterfactual.get("imbalance_ratio_vs_reference", {})
     for arm, measured in summary.get("imbalance_ratio_vs_reference", {}).items():
         t = twin.get(arm)
-        row: dict[str, Any] = {"measured": measured, "twin": t, "same_side": None,
-                               "overlap": None, "verdict": "undecided"}  # fmt: skip
+        w = None if t is None else t.get("weight_mean")
+        row: dict[str, Any] = {"measured": measured, "twin": t, "twin_weight_mean": w,
+                               "identical": w == 0.0 and bool(t and t.get("blocks")),
+                               "same_side": None, "overlap": None,
+                               "verdict": "undecided"}  # fmt: skip
         if t is not None and measured["ratio"] is not None and t["ratio"] is not None:
             row["same_side"] = (measured["ratio"] - 1.0) * (t["ratio"] - 1.0) >= 0.0
         if t is not None and None not in (measured["low"], measured["high"], t["low"], t["high"]):
@@ -280,21 +286,34 @@ def _twin_lines(summary: dict[str, Any]) -> list[str]:
         f"{cf.get('block_requests', 'n/a')}-request blocks of finished requests, "
         f"{cf.get('blocks', 0)} blocks), geometric means with 95% t intervals:",
         "",
-        "| arm | measured | measured interval | twin | twin interval | verdict |",
-        "|---|---|---|---|---|---|",
+        "| arm | measured | measured interval | twin | twin interval | twin's w (mean) | verdict |",
+        "|---|---|---|---|---|---|---|",
     ]
     for arm, row in agreement.items():
         m, t = row["measured"], row["twin"] or {}
         lines.append(
             f"| `{arm}` | {_ratio(m.get('ratio'))} | {_interval(m)} | {_ratio(t.get('ratio'))} "
-            f"| {_interval(t)} | {row['verdict']} |"
+            f"| {_interval(t)} | {_weight(row.get('twin_weight_mean'))} | {row['verdict']} |"
         )
     lines += [
         "",
         "agree: both on the same side of 1 and the intervals overlap; undecided: either has "
-        "fewer than two blocks.",
+        "fewer than two blocks; twin's w: the blend weight the twin-driven arm routed with on "
+        "the replayed blocks (none: not twin-driven).",
     ]
+    same = [arm for arm, row in agreement.items() if row.get("identical")]
+    if same:
+        lines += [
+            "",
+            f"{', '.join(f'`{a}`' for a in same)}: the twin held w = 0 on every replayed block, so "
+            "the arm routed as the reference there; an agreement says only that the switchback "
+            "found no difference where there was none, not that the estimator was judged.",
+        ]
     return lines
+
+
+def _weight(value: float | None) -> str:
+    return "none" if value is None else f"{value:.2f}"
 
 
 def _ratio(value: float | None) -> str:

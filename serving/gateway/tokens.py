@@ -7,7 +7,7 @@ the emulator's documented estimate, whitespace words
 (:func:`balanceroute.features.prompts.count_tokens`). Either way the rank's own
 ``usage.prompt_tokens`` replaces the count when it arrives. The prompt key is the one
 definition of :mod:`balanceroute.features.prompts` (the first 16 whitespace words, or ids),
-hashed as trace keys are (:func:`balanceroute.features.schema.hash_keys`).
+hashed as trace keys are (:func:`balanceroute.features.schema.hash_keys`, one key at a time).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from balanceroute.features.errors import UserError
 from balanceroute.features.prompts import count_tokens, prompt_key_of
-from balanceroute.features.schema import hash_keys
+from balanceroute.features.schema import hash_key
 
 
 class PromptCounter:
@@ -48,4 +48,4 @@ class PromptCounter:
 def prompt_key(prompt: str | Sequence[int]) -> tuple[str, int]:
     """The live prompt key and its 64-bit hash (never 0 for a key)."""
     key = prompt_key_of(prompt)
-    return key, int(hash_keys([key])[0])
+    return key, hash_key(key)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from balanceroute.features.prompts import (
     FILLER_WORD,
@@ -38,3 +40,12 @@ def test_prompt_needs_a_token():
     with pytest.raises(ValueError):
         build_prompt(0)
     assert count_tokens("  a\tb\nc  ") == 3
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=80))
+def test_one_key_hashes_as_the_trace_loaders_hash_it(key: str) -> None:
+    """The gateway's per-request hash (:func:`hash_key`) is :func:`hash_keys`' for that key."""
+    from balanceroute.features.schema import hash_key, hash_keys
+
+    assert hash_key(key) == int(hash_keys([key])[0]) != 0

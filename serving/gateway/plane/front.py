@@ -1,6 +1,12 @@
 """The client side of the Protocol data plane: HTTP/1.1 connections parsed by httptools, one
 request at a time each (pipelined ones wait their turn), kept alive.
 
+HTTP/1.0 clients are answered as uvicorn's h11 answers them: a stream without chunked framing
+(its bytes as they come, the end of the stream being the connection's close), a whole answer
+with ``content-length``, and the connection closed after the answer whatever the request's
+``Connection`` header says (no keep-alive for 1.0, as h11). A 1.1 request with
+``Connection: close`` keeps the chunked framing (h11 too) and is closed after its answer.
+
 A completion request (``POST /v1/completions``, ``POST /v1/chat/completions``) is checked as the
 aiohttp worker checks it (Host, Origin and Content-Type; the body's size; the bearer token; the
 body's fields, with vLLM's 400 naming each bad one), counted and admitted through the decider,
@@ -125,10 +131,12 @@ class Connection(asyncio.Protocol):
         self.body: list[bytes] = []
         self.size = 0
         self.too_big = False
-        self.queue: list[tuple[bytes, bytes, Headers, bytes, bool]] = []
+        self.queue: list[tuple[bytes, bytes, Headers, bytes, bool, bool]] = []
         self.exchange: Exchange | None = None
         self.busy = False  # answering a request (an exchange, a pass-through, an error)
         self.keep = True  # keep the connection after the answer in progress
+        self.chunked = True  # the answer in progress may be chunked (an HTTP/1.1 request)
+        self.http11 = True  # the request being parsed is HTTP/1.1 (else 1.0: h11's rules)
         self.timer: asyncio.TimerHandle | None = None
         self.headers_done = False
         self.paused = False
@@ -146,7 +154,7 @@ class Connection(asyncio.Protocol):
         except httptools.HttpParserUpgrade:
             self._refuse(400, "upgrades are not served here")
         except httptools.HttpParserError as exc:
-            self._refuse(400, f"not an HTTP/1.1 request: {exc}")
+            self._refuse(400, f"not an HTTP/1.x request: {exc}")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -179,17 +187,19 @@ class Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.headers_done = True
+        self.http11 = self.parser.get_http_version() != "1.0"
         if not self.busy:
             self._arm(self.front.settings.body_timeout_s)
         limit = self.front.settings.max_body_bytes
         for k, v in self.headers:
             if k == b"content-length" and v.isdigit() and int(v) > limit:
                 self.too_big = True
-            elif k == b"expect" and v.lower() == b"100-continue" and not self.busy:
+            elif (k == b"expect" and v.lower() == b"100-continue" and not self.busy
+                  and self.http11):  # fmt: skip
                 self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl waits for it
         if self.too_big and not self.busy:  # said so up front: answered now, not read
             self._disarm()
-            self._handle(b"", b"", [], b"", False)
+            self._handle(b"", b"", [], b"", False, self.http11)
 
     def on_body(self, body: bytes) -> None:
         if self.transport.is_closing():
@@ -204,10 +214,10 @@ class Connection(asyncio.Protocol):
         if self.transport.is_closing():
             return
         method = self.parser.get_method()
-        keep = self.parser.should_keep_alive()
-        request = (method, self.url, self.headers, b"".join(self.body), keep)
+        keep = self.http11 and self.parser.should_keep_alive()  # h11: 1.0 is never kept
+        request = (method, self.url, self.headers, b"".join(self.body), keep, self.http11)
         if self.too_big:
-            request = (b"", b"", [], b"", False)
+            request = (b"", b"", [], b"", False, self.http11)
         if self.busy:
             self.queue.append(request)
             self.transport.pause_reading()  # one request waits at most
@@ -216,9 +226,9 @@ class Connection(asyncio.Protocol):
         self._handle(*request)
 
     # ---- requests --------------------------------------------------------------------------
-    def _handle(self, method: bytes, url: bytes, headers: Headers, body: bytes,
-                keep: bool) -> None:  # fmt: skip
-        self.busy, self.keep = True, keep
+    def _handle(self, method: bytes, url: bytes, headers: Headers, body: bytes, keep: bool,
+                http11: bool) -> None:  # fmt: skip
+        self.busy, self.keep, self.chunked = True, keep, http11
         front = self.front
         if not method:  # the body was too big
             limit = front.settings.max_body_bytes
@@ -296,8 +306,10 @@ class Connection(asyncio.Protocol):
                 self._answered()
 
     async def _pass(self, method: bytes, url: bytes, headers: Headers, body: bytes) -> None:
-        """Anything but a completion is the decider's: passed whole to its app."""
-        head = [method + b" " + url + b" HTTP/1.1", b"host: 127.0.0.1", b"connection: close",
+        """Anything but a completion is the decider's: passed whole to its app (a HEAD as a GET
+        whose body is not sent on: the decider's answer is read to its end either way)."""
+        head_only = method == b"HEAD"
+        head = [(b"GET" if head_only else method) + b" " + url + b" HTTP/1.1", b"host: 127.0.0.1", b"connection: close",
                 b"content-length: %d" % len(body)]  # fmt: skip
         head += [k + b": " + v for k, v in headers if k not in HOP]
         try:
@@ -311,31 +323,41 @@ class Connection(asyncio.Protocol):
             return
         if self.transport.is_closing():
             return
-        self.respond(status, [(k, v) for k, v in out if k not in HOP], content)
+        self.respond(status, [(k, v) for k, v in out if k not in HOP], content, head_only)
 
     # ---- answers (also the exchange's) ---------------------------------------------------
-    def respond(self, status: int, headers: Headers, body: bytes) -> None:
-        """A whole answer with ``content-length``."""
+    def respond(self, status: int, headers: Headers, body: bytes, head_only: bool = False) -> None:
+        """A whole answer with ``content-length`` (``head_only``: a HEAD's, without the body)."""
         lines = [b"HTTP/1.1 %d %s" % (status, _phrase(status))]
         lines += [k + b": " + v for k, v in headers]
         lines.append(b"content-length: %d" % len(body))
         if not self.keep:
             lines.append(b"connection: close")
-        self.transport.write(b"\r\n".join(lines) + b"\r\n\r\n" + body)
+        self.transport.write(b"\r\n".join(lines) + b"\r\n\r\n" + (b"" if head_only else body))
         self._answered()
 
     def start_stream(self, headers: Headers) -> None:
-        lines = [b"HTTP/1.1 200 OK", *(k + b": " + v for k, v in headers),
-                 b"transfer-encoding: chunked"]  # fmt: skip
+        """A stream's head: chunked to an HTTP/1.1 client; to a 1.0 one no framing at all (the
+        close ends it: :meth:`end_stream`)."""
+        lines = [b"HTTP/1.1 200 OK", *(k + b": " + v for k, v in headers)]
+        if self.chunked:
+            lines.append(b"transfer-encoding: chunked")
+        else:
+            self.keep = False
         if not self.keep:
             lines.append(b"connection: close")
         self.transport.write(b"\r\n".join(lines) + b"\r\n\r\n")
 
     def write_chunk(self, data: bytes) -> None:
-        self.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+        if self.chunked:
+            self.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+        else:
+            self.transport.write(data)
 
     def end_stream(self) -> None:
-        self.transport.write(b"0\r\n\r\n")
+        """The stream's end: the last chunk (1.1), or the connection's close (1.0)."""
+        if self.chunked:
+            self.transport.write(b"0\r\n\r\n")
         self._answered()
 
     def _json(self, status: int, body: bytes, extra: Headers | None = None) -> None:

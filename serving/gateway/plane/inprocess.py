@@ -42,7 +42,7 @@ class LocalChannel(DeciderChannel):
     def __init__(self, decider: Decider) -> None:
         super().__init__("", on_lost=lambda: None)
         self.decider = decider
-        self.link = Link(self)  # type: ignore[arg-type]
+        self.link = Link(self, deliver=self.deliver)  # type: ignore[arg-type]
 
     async def open(self) -> None:
         return None
@@ -74,6 +74,7 @@ class InProcess:
         self.decider = decider
         self.channel = LocalChannel(decider)
         self.ctx = WorkerContext(gateway.settings, self.channel, gateway.upstream_key)
+        self.ctx.drain = gateway.drain  # one process, one drain clock (and one shutdown line)
         self.front = Front(self.ctx, gateway.counter, decider.control)
         self.server: asyncio.base_events.Server | None = None
 
@@ -84,10 +85,9 @@ class InProcess:
 
     def begin_drain(self) -> None:
         """Shutdown began: stop accepting, 503 to new requests, the streams drain."""
-        self.decider.begin_drain()
+        self.decider.begin_drain()  # starts the drain the front shares (self.ctx.drain)
         if self.server is not None:
             self.server.close()
-        self.ctx.drain.begin()
         self.front.close_idle()
 
     async def stop(self) -> None:

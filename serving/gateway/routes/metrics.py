@@ -16,5 +16,6 @@ async def metrics(request: Request) -> Response:
     decisions and router step time, fallbacks, re-routes, the live twins; labelled by arm."""
     gw = request.app.state.gateway
     gw.dispatcher.sample()
-    gw.metrics.twins(gw.twins.stats())
+    twins = gw.twins
+    gw.metrics.twins(twins.stats(), twins.worker.cpu_s, twins.comparison())
     return Response(generate_latest(gw.metrics.registry), media_type=CONTENT_TYPE_LATEST)

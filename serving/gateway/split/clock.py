@@ -26,7 +26,6 @@ from collections.abc import Callable
 import aiohttp
 import numpy as np
 
-from balanceroute.router.policies.state import RouterState
 from balanceroute.serving.gateway.state import LiveGroup
 
 log = logging.getLogger("balanceroute.gateway")
@@ -132,6 +131,12 @@ class ClockedGroup(LiveGroup):
         self.clock_fn = clock_fn
         self.clock = IterationClock(self.ranks, clock_fn())
 
+    def arrive(self, prompt_tokens: int, prompt_key: int, now: float) -> int | None:
+        """As :meth:`LiveGroup.arrive`, its wait counted from the clocks' step count now (no
+        decision may have read them since the group went quiet)."""
+        self.pulse(now)
+        return super().arrive(prompt_tokens, prompt_key, now)
+
     def first_token(self, position: int, t: float) -> None:
         """``position``'s first token arrived at ``t``: it has age 1 and ages with its rank."""
         g = int(self.rank[position])
@@ -140,6 +145,7 @@ class ClockedGroup(LiveGroup):
         self.first_count[position] = self.clock.count_at(g, t)
         self.first_t[position] = t
         self.age[position] = max(1, int(self.age[position]))
+        self.heard[g] += 1
 
     def finish_seen(self, position: int, first_t: float, last_t: float, tokens: int) -> None:
         """``position`` finished with ``tokens`` tokens: its rank's clock learns from it."""
@@ -150,6 +156,7 @@ class ClockedGroup(LiveGroup):
             self.first_token(position, first_t)
         self.clock.observe(g, float(self.first_count[position]), first_t, last_t, tokens,
                            self.clock_fn())  # fmt: skip
+        self.heard[g] += 1
         self.age[position] = tokens
 
     def refresh(self, now: float) -> None:
@@ -174,12 +181,17 @@ class ClockedGroup(LiveGroup):
         self.refresh(self.clock_fn())
         return super().loads()
 
-    def snapshot(self, now: float) -> RouterState:
+    def pulse(self, now: float) -> int:
+        """The group's step count: the most advanced known rank clock's."""
         counts = self.clock.counts(now)
         known = ~np.isnan(self.clock.period)
         if known.any():
             self.iteration = max(self.iteration, int(counts[known].max()))
-        return super().snapshot(now)
+        return super().pulse(now)
+
+    def needs_tick(self) -> bool:
+        """Never: the clocks count steps by time, whenever they are read."""
+        return False
 
 
 class EngineCounters:
@@ -202,12 +214,23 @@ class EngineCounters:
         self.group.clock.engine_count(rank, steps, t, bool(self.group.inflight[rank] > 0))
         return True
 
+    def idle(self, rank: int) -> bool:
+        """Whether ``rank`` runs nothing now: its counter is not read (an idle engine counts no
+        steps, so a read gives no period); the last read no longer pairs with the next."""
+        if self.group.inflight[rank] > 0:
+            return False
+        last = self.group.clock.engine.get(rank)
+        if last is not None and last[2]:
+            self.group.clock.engine[rank] = (last[0], last[1], False)
+        return True
+
     async def run(self, session: aiohttp.ClientSession) -> None:
-        """Read every rank's counter each interval until cancelled."""
+        """Read the counter of every rank with requests running each interval until
+        cancelled."""
         timeout = aiohttp.ClientTimeout(total=2.0)
         while True:
             for g in range(self.group.ranks):
-                if g in self.absent:
+                if g in self.absent or self.idle(g):
                     continue
                 try:
                     async with session.get(self.url_of(g) + "/metrics", timeout=timeout) as resp:

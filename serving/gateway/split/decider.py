@@ -28,7 +28,7 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -83,6 +83,7 @@ class Link:
     writer: asyncio.StreamWriter
     requests: dict[int, Remote] = field(default_factory=dict)
     out: list[bytes] = field(default_factory=list)  # events not yet written
+    deliver: Callable[[list[Any]], None] | None = None  # an in-process front: events as calls
 
 
 class Decider:
@@ -203,6 +204,11 @@ class Decider:
         self._await_rank(link, rid, remote)
 
     def _await_rank(self, link: Link, rid: int, remote: Remote) -> None:
+        rank = remote.life.admitted_now()
+        if rank is not None:  # decided on arrival: no task, no wait
+            self._send(link, wire.ASSIGN, rid, rank)
+            return
+
         async def assign() -> None:
             try:
                 rank = await remote.life.admitted()
@@ -218,7 +224,11 @@ class Decider:
         remote.waiting = asyncio.get_running_loop().create_task(assign())
 
     def _send(self, link: Link, *fields: Any) -> None:
-        """One event to ``link``'s worker; a decision's admissions leave in one write."""
+        """One event to ``link``'s worker; a decision's admissions leave in one write (to an
+        in-process front, at once)."""
+        if link.deliver is not None:
+            link.deliver(list(fields))
+            return
         link.out.append(wire.encode(*fields))
         if len(link.out) == 1:
             asyncio.get_running_loop().call_soon(self._flush, link)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -328,6 +329,14 @@ def test_the_twins_advance_from_the_requests_lives_and_are_in_metrics(live):
     assert sb["twin_agreement"][arm]["verdict"] in ("agree", "disagree", "undecided")
     for name in ("weight", "blocks", "switches", "cpu_seconds", "lag_blocks"):
         assert f'balanceroute_gateway_twin_{name}{{arm="{arm}"}}' in live["sb_metrics"]
+    worker = re.search(
+        r"^balanceroute_gateway_twin_worker_cpu_seconds (\S+)$", live["sb_metrics"], re.M
+    )
+    assert worker is not None and float(worker.group(1)) > 0  # the twins' and the comparison's
+    blocks = re.search(
+        r"^balanceroute_gateway_twin_comparison_blocks (\S+)$", live["sb_metrics"], re.M
+    )
+    assert blocks is not None and float(blocks.group(1)) >= 1
     summary = json.loads((live["base"] / "sb" / "ab" / "summary.json").read_text())
     assert summary["twin_comparison"]["reference"] == "count-jsq"
     assert "counterfactual" in (live["base"] / "sb" / "ab" / "report.md").read_text()

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import orjson
 import pandas as pd
 import pytest
 
@@ -145,8 +146,8 @@ def test_a_client_that_leaves_frees_its_slot_and_the_ranks(tmp_path):
 
 
 def test_the_fronts_own_answers_and_the_pass_through(two_fakes, tmp_path):
-    """vLLM-shaped 400 and 401, a 413 for a big body, 404 and probes from the decider's app,
-    the Host check, and a request whose headers never end gets 408."""
+    """vLLM-shaped 400 and 401, a 413 for a big body, 404 and probes from the decider's app
+    (a HEAD probe too), the Host check, and a request whose headers never end gets 408."""
     token = "t" * 24
     gw = PlaneGateway(tmp_path / "gw.out", [two_fakes[0].url], "--slots", "4",
                       "--header-timeout", "1s", env={"BALANCEROUTE_API_TOKEN": token,
@@ -167,6 +168,9 @@ def test_the_fronts_own_answers_and_the_pass_through(two_fakes, tmp_path):
         r = gw.post("/v1/completions", json={"prompt": "plain", "max_tokens": 3}, headers=auth)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
         assert gw.get("/readyz").json()["status"] == "ready"
+        probe = httpx.head(gw.url + "/health", timeout=10)  # a HEAD probe: GET's head, no body
+        assert probe.status_code == 200 and probe.content == b""
+        assert int(probe.headers["content-length"]) == len(gw.get("/health").content)
         assert gw.get("/nowhere", headers=auth).status_code == 404
         assert "balanceroute_gateway_requests_total" in gw.get("/metrics", headers=auth).text
         with socket.create_connection(("127.0.0.1", gw.port), timeout=10) as s:
@@ -188,3 +192,80 @@ def test_queued_requests_get_503_after_the_no_rank_wait(tmp_path, monkeypatch):
         faults.test_queued_requests_get_503_after_the_no_rank_wait([emu], tmp_path)
     finally:
         emu.stop()
+
+
+def _raw(port: int, request: bytes) -> tuple[bytes, dict[bytes, bytes], bytes]:
+    """One request on a fresh socket, read until the gateway closes it (a read that waits 20 s
+    fails the test: a connection kept open): the status line, the headers, the body."""
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as s:
+        s.sendall(request)
+        got = b""
+        while chunk := s.recv(65536):
+            got += chunk
+    head, _, body = got.partition(b"\r\n\r\n")
+    status, *lines = head.split(b"\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (x.partition(b":") for x in lines)}
+    return status, headers, body
+
+
+def _http10(path: str, token: str, body: bytes | None = None, extra: bytes = b"") -> bytes:
+    """An HTTP/1.0 request as a 1.0 client writes it (``extra``: more header lines)."""
+    method = b"POST" if body is not None else b"GET"
+    lines = [method + b" " + path.encode() + b" HTTP/1.0", b"Host: 127.0.0.1",
+             b"Authorization: Bearer " + token.encode()]  # fmt: skip
+    if body is not None:
+        lines += [b"Content-Type: application/json", b"Content-Length: %d" % len(body)]
+    return b"\r\n".join(lines) + b"\r\n" + extra + b"\r\n" + (body or b"")
+
+
+def test_http10_clients_get_answers_they_can_read(two_fakes, tmp_path, mode):
+    """An HTTP/1.0 client (a raw socket) as uvicorn's h11 answers it: a stream without chunked
+    framing, ended by the close (the rank's events byte for byte); whole answers, errors (400,
+    401, 413) and passed-through paths with ``content-length``; the connection closed after each
+    answer even when the request asked ``Connection: keep-alive``. A 1.1 request with
+    ``Connection: close`` keeps the chunked framing and is closed after it. In one process the
+    shutdown is logged once (the front and the decider share one drain; it was logged twice)."""
+    token = "t" * 24
+    fake = two_fakes[0]
+    gw = PlaneGateway(tmp_path / "gw.out", [fake.url], "--slots", "4",
+                      env={"BALANCEROUTE_API_TOKEN": token,
+                           "BALANCEROUTE_MAX_BODY_BYTES": "4096"})  # fmt: skip
+    stream = orjson.dumps({"prompt": "plain", "max_tokens": 9, "stream": True})
+    try:
+        direct = _post(fake.url, orjson.loads(stream), "same")
+        for extra in (b"", b"Connection: keep-alive\r\n"):
+            status, headers, body = _raw(gw.port, _http10("/v1/completions", token, stream,
+                                                          b"X-Request-Id: same\r\n" + extra))  # fmt: skip
+            assert status == b"HTTP/1.1 200 OK"
+            assert b"transfer-encoding" not in headers and b"content-length" not in headers
+            assert headers[b"connection"] == b"close"
+            assert headers[b"content-type"].startswith(b"text/event-stream")
+            assert body == direct and token_events(body.decode()) == 9
+        whole = orjson.dumps({"prompt": "plain", "max_tokens": 4})
+        status, headers, body = _raw(gw.port, _http10("/v1/completions", token, whole,
+                                                      b"Connection: keep-alive\r\n"))  # fmt: skip
+        assert status == b"HTTP/1.1 200 OK" and int(headers[b"content-length"]) == len(body)
+        assert headers[b"connection"] == b"close"
+        assert orjson.loads(body)["usage"]["completion_tokens"] == 4
+        for request, code in [(_http10("/v1/completions", token, b"{not json"), 400),
+                              (_http10("/v1/completions", "wrong" * 5, whole), 401),
+                              (_http10("/v1/completions", token, b"x" * 8000), 413)]:  # fmt: skip
+            status, headers, body = _raw(gw.port, request)
+            assert status.startswith(b"HTTP/1.1 %d" % code)
+            assert int(headers[b"content-length"]) == len(body)
+            assert orjson.loads(body)["error"]["code"] == code
+        passed = [("/health", b""), ("/metrics", b"balanceroute_gateway_requests_total")]
+        for path, needle in passed:
+            status, headers, body = _raw(gw.port, _http10(path, token))
+            assert status == b"HTTP/1.1 200 OK" and int(headers[b"content-length"]) == len(body)
+            assert needle in body
+        status, headers, body = _raw(gw.port, _http10("/v1/completions", token, stream,
+                                                      b"Connection: close\r\n")
+                                     .replace(b"HTTP/1.0", b"HTTP/1.1", 1))  # fmt: skip
+        assert headers[b"transfer-encoding"] == b"chunked" and headers[b"connection"] == b"close"
+        assert body.endswith(b"0\r\n\r\n") and b"data: [DONE]" in body
+    finally:
+        gw.stop()
+    assert "Traceback" not in gw.log()
+    processes = {"inprocess": 1, "worker": 2}  # each process that drains says so once
+    assert gw.log().count("shutting down: the streams in flight") == processes[mode]

@@ -9,6 +9,7 @@ import itertools
 import threading
 
 import numpy as np
+from prometheus_client import generate_latest
 
 from balanceroute.predict.factory import build_estimator
 from balanceroute.router.lab.twin import TwinConfig, TwinGroup
@@ -19,7 +20,7 @@ from balanceroute.serving.gateway.arms import Arm, Handle
 from balanceroute.serving.gateway.dispatch import Dispatcher
 from balanceroute.serving.gateway.metrics import GatewayMetrics
 from balanceroute.serving.gateway.state import LiveGroup
-from balanceroute.serving.gateway.switchback import Switchback, twin_agreement
+from balanceroute.serving.gateway.switchback import Switchback, report_markdown, twin_agreement
 from balanceroute.serving.gateway.twins import COMPARISON, GatewayTwins, local_model, twin_drives
 from tests.router.helpers import frame
 from tests.router.test_twin_prior import _prior
@@ -177,6 +178,30 @@ def test_the_switchback_and_the_twin_agree_or_not():
     assert out["a"]["verdict"] == "agree"
     assert out["b"]["verdict"] == "disagree" and out["b"]["same_side"] is False
     assert out["c"]["verdict"] == "undecided"
+    assert not any(row["identical"] for row in out.values())  # no weights: not twin-driven
+
+
+def test_an_agreement_where_the_twin_held_zero_says_the_arms_were_identical():
+    """Live, a twin that never left w = 0 makes its arm the reference: the counterfactual ratio
+    is exactly 1 on every block, and the report must say the agreement judged no estimator."""
+    measured = {"ratio": 0.89, "low": 0.55, "high": 1.43, "blocks": 14}
+    held = {"ratio": 1.0, "low": 1.0, "high": 1.0, "blocks": 2, "weight_mean": 0.0}
+    moved = held | {"ratio": 0.9, "low": 0.85, "high": 0.95, "weight_mean": 0.75}
+    summary = {"arms": ["brh:none", "x", "y"], "reference": "brh:none", "window_s": 30.0,
+               "warmup_s": 7.5, "windows_done": 28, "seed": 0, "per_arm": {},
+               "paired_vs_reference": {},
+               "imbalance_ratio_vs_reference": {"x": measured, "y": measured}}  # fmt: skip
+    twin = {"block_requests": 2048, "blocks": 2,
+            "imbalance_ratio_vs_reference": {"x": held, "y": moved}}  # fmt: skip
+    out = twin_agreement(summary, twin)
+    assert out["x"]["verdict"] == "agree" and out["x"]["identical"] is True
+    assert out["x"]["twin_weight_mean"] == 0.0
+    assert out["y"]["identical"] is False and out["y"]["twin_weight_mean"] == 0.75
+    report = report_markdown(summary | {"twin_agreement": out, "twin_comparison": twin}, {})
+    rows = [line for line in report.splitlines() if line.startswith(("| `x`", "| `y`"))]
+    assert rows[0].endswith("| 0.00 | agree |") and rows[1].endswith("| 0.75 | agree |")
+    assert "`x`: the twin held w = 0 on every replayed block" in report
+    assert "`y`: the twin held" not in report
 
 
 def test_a_model_with_a_prior_for_this_group_starts_its_twin_there_and_another_shape_at_zero():
@@ -198,3 +223,19 @@ def test_a_model_with_a_prior_for_this_group_starts_its_twin_there_and_another_s
         assert isinstance(job, LiveTwin)
         started[name] = (started[name], job.weight, traffic.blends[-1])
     assert started == {"here": (1.0, 1.0, 1.0), "other": (0.0, 0.0, 0.0)}
+
+
+def test_metrics_carry_the_twins_thread_cpu_and_the_counterfactuals_blocks():
+    """The per-arm CPU leaves the comparison out; the thread's gauge is what the cap bounds."""
+    m = GatewayMetrics()
+    row = {"twin_weight": 0.5, "twin_decisions": 3, "twin_switches": 1, "twin_cpu_s": 2.0,
+           "twin_lag_blocks": 0}  # fmt: skip
+    m.twins({"a": row}, 3.25, {"blocks": 2})
+    text = generate_latest(m.registry).decode()
+    assert "balanceroute_gateway_twin_worker_cpu_seconds 3.25" in text
+    assert "balanceroute_gateway_twin_comparison_blocks 2.0" in text
+    assert 'balanceroute_gateway_twin_cpu_seconds{arm="a"} 2.0' in text
+    m.twins({"a": row})  # no thread figures given: the last ones stay
+    assert (
+        "balanceroute_gateway_twin_worker_cpu_seconds 3.25" in generate_latest(m.registry).decode()
+    )

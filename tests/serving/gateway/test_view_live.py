@@ -75,7 +75,7 @@ def test_the_gateways_loads_follow_the_engines(tmp_path: Path, workers: int):
     try:
         gw = GatewayProcess(tmp_path / "gw.out", emu.urls, "--slots", str(SLOTS), "--router",
                             "brh:none", "--no-mlflow", "--out", str(tmp_path / "gw"),
-                            *extra)  # fmt: skip
+                            "--sample", "10ms", *extra)  # a sample every tick  # fmt: skip
         got = asyncio.run(_drive(gw.url, prompts, lengths, delays))
     finally:
         if gw is not None:

@@ -203,8 +203,13 @@ class TwinWorker:
     """The background thread of a program's twins: channels by key, each with its jobs, at
     most ``cpu_share`` of one core over the thread's life (None: no cap)."""
 
-    def __init__(self, poll_s: float = POLL_S, cpu_share: float | None = None) -> None:
+    def __init__(
+        self, poll_s: float = POLL_S, cpu_share: float | None = None, nice: int = NICE
+    ) -> None:
+        if not 0 <= nice <= 19:
+            raise ValueError(f"the twin thread's nice must be in [0, 19], got {nice}")
         self.poll_s = poll_s
+        self.nice = nice
         self.cpu_share = cpu_share
         self.started: float | None = None  # when the thread started (the cap's clock)
         self.capped_passes = 0  # passes whose steps waited for the cap
@@ -263,10 +268,13 @@ class TwinWorker:
         return busy
 
     def _run(self) -> None:
-        try:  # a lower priority: under CPU contention the routing threads go first
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
-        except (OSError, AttributeError):
-            pass
+        if self.nice > 0:
+            try:  # ``nice`` steps below the program's priority (the thread starts at its creator's)
+                tid = threading.get_native_id()
+                own = os.getpriority(os.PRIO_PROCESS, tid)
+                os.setpriority(os.PRIO_PROCESS, tid, min(19, own + self.nice))
+            except (OSError, AttributeError):
+                pass
         self.started = time.monotonic()
         while not self.stopping.is_set():
             may = self.may_step(time.monotonic())

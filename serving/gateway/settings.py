@@ -149,6 +149,15 @@ class GatewaySettings(ServiceSettings):
         description="with no relay workers: the one process's front, FastAPI/uvicorn with "
         "aiohttp to the ranks (asgi), or the Protocol data plane beside the decider (protocol)",
     )  # fmt: skip
+    twins: bool = Field(
+        default=True,
+        description="run the live twins and the switchback's counterfactual (off: the "
+        "twin-driven arms route at their start weight)",
+    )
+    twin_nice: int = Field(
+        default=10, ge=0, le=19,
+        description="OS nice of the live twins' thread (0: the gateway's own priority)",
+    )  # fmt: skip
     relay_plane: Literal["protocol", "aiohttp"] = Field(
         default="protocol",
         description="what the relay workers run: asyncio.Protocol with httptools on both sides "

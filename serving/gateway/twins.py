@@ -28,7 +28,7 @@ from balanceroute.predict.remote import RemoteEstimator
 from balanceroute.router.lab.cost import CostModel
 from balanceroute.router.lab.twin import SequentialTest, TwinConfig, TwinGroup
 from balanceroute.router.lab.twin_compare import ArmComparison, ComparedArm
-from balanceroute.router.lab.twin_live import LiveTwin, TwinWorker, pending_limit
+from balanceroute.router.lab.twin_live import NICE, LiveTwin, TwinWorker, pending_limit
 from balanceroute.router.lab.twin_prior import live_start
 from balanceroute.router.policies.balance_route import BalanceRoutePolicy, guard_applies
 from balanceroute.serving.gateway.arms import Arm
@@ -69,13 +69,16 @@ class GatewayTwins:
         config: TwinConfig | None = None,
         cost: CostModel | None = None,
         start: float | SequentialTest | None = None,
+        enabled: bool = True,
+        nice: int = NICE,
     ) -> None:
         self.config = cfg = config or TwinConfig()
+        self.enabled = enabled  # off: the driven arms route at their start weight, no replays
         self.cost = cost or CostModel()
         self.ranks, self.slots, self.seed = ranks, slots, seed
         self.start_at = start
         self._starts: dict[str, float | SequentialTest | None] = {}
-        self.worker = TwinWorker(cpu_share=cfg.cpu_share)
+        self.worker = TwinWorker(cpu_share=cfg.cpu_share, nice=nice)
         self.channel = self.worker.channel("gateway", pending_limit(cfg, ranks, slots))
         self.feed = self.channel.feed
         self.arms = list(arms)
@@ -83,7 +86,7 @@ class GatewayTwins:
         for arm in arms:
             if arm.label in self.driven:
                 self.renew(arm)
-        if len(arms) > 1:
+        if len(arms) > 1 and enabled:
             self._compare()
 
     # ---- the routing side (event loop) ----------------------------------------------------
@@ -124,6 +127,8 @@ class GatewayTwins:
         if start is None:  # the model's prior for this group, if it carries one
             start = live_start(model, self.ranks, self.slots, cfg)
         self._starts[arm.label] = start
+        if not self.enabled:
+            return
         self.channel.add(arm.label, lambda: LiveTwin(group, model, cfg, start=start))
         if len(self.arms) > 1 and self.channel.job(COMPARISON) is not None:
             self._compare()

@@ -91,17 +91,22 @@ class GatewayTwins:
 
     # ---- the routing side (event loop) ----------------------------------------------------
     def arrived(self, arrival_s: float, prompt_tokens: int, prompt_key: int) -> int:
-        """A request joined the pool; its ticket."""
+        """A request joined the pool; its ticket (-1 with the twins off: nothing is fed)."""
+        if not self.enabled:
+            return -1
         return self.feed.arrived(arrival_s, prompt_tokens, prompt_key)
 
     def finished(self, ticket: int, output_tokens: int, now: float) -> None:
-        self.feed.finished(ticket, output_tokens, now)
+        if self.enabled:
+            self.feed.finished(ticket, output_tokens, now)
 
     def dropped(self, ticket: int) -> None:
-        self.feed.dropped(ticket)
+        if self.enabled:
+            self.feed.dropped(ticket)
 
     def tick(self, iteration: int) -> None:
-        self.feed.tick(iteration)
+        if self.enabled:
+            self.feed.tick(iteration)
 
     def weight(self, label: str) -> float | None:
         """The weight the arm routes with now (None: no twin drives it)."""
@@ -155,7 +160,9 @@ class GatewayTwins:
 
     # ---- life and status ------------------------------------------------------------------
     def start(self) -> None:
-        self.worker.start()
+        """Start the thread (not with the twins off: no thread at all in the process)."""
+        if self.enabled:
+            self.worker.start()
 
     def stop(self) -> None:
         self.worker.stop(timeout_s=10.0)

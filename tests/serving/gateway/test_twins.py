@@ -253,7 +253,9 @@ def test_twins_off_route_at_the_start_weight_and_replay_nothing():
         traffic.step()
         twins.worker.run_once()
     assert twins.channel.jobs == {} and twins.comparison() is None
-    assert twins.channel.order.numbered > 0  # the feed is still drained: bounded memory
+    assert twins.channel.order.numbered == 0 and not twins.feed.events  # nothing fed
+    twins.start()
+    assert twins.worker.thread is None  # no thread in the process
     assert twins.stats()[LABEL]["twin_decisions"] == 0
     assert {b for b in traffic.blends if b is not None} == {0.0}
     assert twins.weight(LABEL) == 0.0

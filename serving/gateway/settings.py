@@ -155,8 +155,9 @@ class GatewaySettings(ServiceSettings):
         "twin-driven arms route at their start weight)",
     )
     twin_nice: int = Field(
-        default=10, ge=0, le=19,
-        description="OS nice of the live twins' thread (0: the gateway's own priority)",
+        default=0, ge=0, le=19,
+        description="the live twins' thread's OS priority, this many steps below the gateway's "
+        "(0: the same; a lower one can stall the event loop while it holds the GIL)",
     )  # fmt: skip
     relay_plane: Literal["protocol", "aiohttp"] = Field(
         default="protocol",

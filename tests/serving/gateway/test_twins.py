@@ -265,10 +265,10 @@ def test_the_gateway_flags_turn_the_twins_off_and_set_their_threads_nice():
     base = ["gateway", "--rank", "http://127.0.0.1:1", "--slots", "4"]
     args = build_parser(base).parse_args(base)
     s = settings_from_args(args)
-    assert s.twins and s.twin_nice == 10
-    args = build_parser(base).parse_args([*base, "--no-twins", "--twin-nice", "0"])
+    assert s.twins and s.twin_nice == 0
+    args = build_parser(base).parse_args([*base, "--no-twins", "--twin-nice", "10"])
     s = settings_from_args(args)
-    assert not s.twins and s.twin_nice == 0
+    assert not s.twins and s.twin_nice == 10
     args = build_parser(base).parse_args([*base, "--twin-nice", "20"])
     with pytest.raises(UserError, match="twin_nice"):
         settings_from_args(args)

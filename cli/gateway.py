@@ -94,6 +94,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--switch-every", dest="switch_every_s", type=duration, help="window (30s)")
     a.add_argument("--warmup", dest="warmup_s", type=duration, help="left out of each window")
     a.add_argument("--seed", type=int, help="seed of the arm order (0)")
+    a.add_argument("--no-twins", dest="twins", action="store_false", default=None,
+                   help="no live twins nor counterfactual (twin-driven arms keep their start "
+                   "weight)")  # fmt: skip
+    a.add_argument("--twin-nice", type=int, metavar="N",
+                   help="the live twins' thread's OS priority, N steps below the gateway's (0)")  # fmt: skip
     a.add_argument(
         "--no-mlflow", dest="track", action="store_false", default=None, help="no MLflow runs"
     )
@@ -143,7 +148,7 @@ FLAGS = ("ranks", "slots", "rank_header", "group_size", "router", "estimator", "
          "arms", "switch_every_s", "warmup_s", "seed", "track", "host", "port", "out",
          "health_interval_s", "health_fall", "health_rise", "header_timeout_s", "body_timeout_s",
          "idle_timeout_s", "log_level", "relay_workers", "get_load", "relay_plane",
-         "front")  # fmt: skip
+         "front", "twins", "twin_nice")  # fmt: skip
 
 
 def settings_from_args(args: argparse.Namespace) -> GatewaySettings:

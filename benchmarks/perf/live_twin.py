@@ -15,6 +15,12 @@ core, the switchback summary, the twin's counterfactual comparison and the agree
 gateway's ``report.md``, and the offline ``balanceroute ab`` of the same arms on the same
 requests (with the unguarded ``gbdt`` beside them: what ``w = 1`` is worth there).
 
+The gateway's event loop beside it (docs/results.md, "The live twin and the gateway's event
+loop"): the loop lag (``/v1/ab``'s ``loop_lag``: how late a 100 ms timer ran), the largest gap
+between decision ticks (``ticks.parquet``), ``/metrics``' answer times, the ranks leaving the
+rotation, with ``--twin off`` (no twins nor counterfactual: ``gbdt`` routes at its start weight)
+or ``--twin-nice N`` (the twin thread's OS nice) to compare.
+
     nice -n 5 .venv/bin/python benchmarks/perf/live_twin.py --out runs/live_twin > runs/live_twin.json
 """
 
@@ -129,7 +135,9 @@ class Poller:
                     "loadavg_1m": os.getloadavg()[0],
                 }
                 try:
+                    t = time.monotonic()
                     row["twins"] = scrape(client.get(self.url + "/metrics").text)
+                    row["metrics_s"] = round(time.monotonic() - t, 4)
                     if n % self.ab_every == 0:
                         ab = client.get(self.url + "/v1/ab").json()
                         row["worker_cpu_s"] = ab["twin_feed"]["worker_cpu_s"]
@@ -195,6 +203,27 @@ def cpu_share(samples: list[dict[str, Any]], arm: str, wall_s: float) -> dict[st
     return out
 
 
+def loop_health(out: Path, samples: list[dict[str, Any]], ab: dict[str, Any]) -> dict[str, Any]:
+    """The gateway's event loop over the run: its lag (p50, p99, max), the largest gap between
+    two decision ticks, ``/metrics``' answer times and the ranks that left the rotation."""
+    ticks = pd.read_parquet(out / "gateway" / "ticks.parquet", columns=["time_s"])["time_s"]
+    gaps = np.diff(np.sort(ticks.to_numpy())) if len(ticks) > 1 else np.zeros(1)
+    answered = np.array([s["metrics_s"] for s in samples if "metrics_s" in s])
+    log = (out / "gateway.out").read_text(errors="replace")
+    return {
+        "loop_lag": ab.get("loop_lag"),
+        "tick_gap_max_s": float(gaps.max()),
+        "tick_gap_p99_s": float(np.percentile(gaps, 99)),
+        "tick_gaps_over_1s": int((gaps > 1.0).sum()),
+        "metrics_answer_s": {
+            "median": float(np.median(answered)) if answered.size else None,
+            "max": float(answered.max()) if answered.size else None,
+        },
+        "rank_left_rotation": log.count("left the rotation"),
+        "no_rank_in_rotation": log.count("no rank is in rotation"),
+    }
+
+
 def offline_ab(trace: Path, model: Path, n: int, load: float, out: Path) -> dict[str, Any]:
     """``balanceroute ab`` of the live arms (and the unguarded ``gbdt``) on the same requests:
     paired windows of the twin's block length covering them."""
@@ -229,6 +258,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         extra = ["--arms", arms, "--switch-every", f"{args.window}s", "--warmup",
                  f"{args.window / 4}s", "--no-mlflow", "--front", args.front]  # fmt: skip
+        if args.twin_nice is not None:
+            extra += ["--twin-nice", str(args.twin_nice)]
+        if args.twin == "off":
+            extra.append("--no-twins")
         gw = start_gateway(urls, args.gateway_port, extra, out)
         poller = Poller(gw_url, args.poll)
         try:
@@ -262,6 +295,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "requests": n,
         "train_requests": args.train,
         "window_s": args.window,
+        "twin": args.twin,
+        "twin_nice": args.twin_nice,
         "twin_prior": prior,
         "bench": {
             k: bench_summary.get(k)
@@ -273,6 +308,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "loadavg_1m_during_median": float(np.median([s["loadavg_1m"] for s in poller.samples])),
         "polls_total": len(poller.samples),
         "polls_failed": sum("error" in s for s in poller.samples),  # a first-seen time is late
+        "event_loop": loop_health(out, poller.samples, ab),
         "twin_weight": weight_course(poller.samples, gbdt),
         "twin_cpu": cpu_share(poller.samples, gbdt, wall or live_wall),
         "twins": ab.get("twins"),
@@ -291,7 +327,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "report_md": report.read_text() if report.exists() else None,
         "polls": poller.samples,
     }
-    print(json.dumps({k: result[k] for k in ("twin_weight", "twin_cpu", "twin_agreement")},
+    print(json.dumps({k: result[k] for k in ("twin_cpu", "event_loop", "bench")},
                      default=float), file=sys.stderr, flush=True)  # fmt: skip
     if not args.no_offline:
         t1 = time.time()
@@ -316,6 +352,9 @@ def main() -> None:
     p.add_argument("--gateway-port", type=int, default=23200)
     p.add_argument("--max-wall", type=float, default=1500.0, help="bench's bound, wall s")
     p.add_argument("--no-offline", action="store_true")
+    p.add_argument("--twin", choices=("on", "off"), default="on",
+                   help="off: the gateway runs no twins nor counterfactual (--no-twins)")  # fmt: skip
+    p.add_argument("--twin-nice", type=int, help="the twin thread's nice (gateway's default)")
     args = p.parse_args()
     print(json.dumps(run(args), indent=2, default=float))
 

@@ -5,8 +5,9 @@ for the twin). Its requests reach the twin through a :class:`~.twin_feed.TwinFee
 appended to a deque) and a :class:`TwinWorker` thread does everything else: numbering finished
 requests in arrival order, feeding them to the twins, and stepping each twin while it has
 budget: ``work_ratio`` simulated iterations per live iteration the program reports
-(:meth:`TwinFeed.tick`), as in ``simulate``. The thread runs at a lower CPU priority (nice 10)
-and reports its own CPU time (``time.thread_time``, the thread's, not the process's). On top of
+(:meth:`TwinFeed.tick`), as in ``simulate``. The thread runs at the program's own CPU priority
+by default (a lower one, ``nice``, can stall the program's threads that wait for the GIL while
+the OS does not run the thread holding it; docs/design.md) and reports its own CPU time (``time.thread_time``, the thread's, not the process's). On top of
 the simulated budget, its CPU is capped (``TwinConfig.cpu_share`` of one core over its life): a
 step starts only when the thread's CPU so far plus the costliest step's fits the cap, so a twin
 whose replays cost more than expected (a slow estimator, a loaded machine) decides more slowly
@@ -40,7 +41,7 @@ log = logging.getLogger("balanceroute.twin")
 MAX_LAG = 2  # complete blocks a live twin keeps waiting at most (it decides on recent traffic)
 PENDING_BLOCKS = 16  # requests waiting for a number: at most this many blocks' worth
 POLL_S = 0.05  # the worker's sleep when it has nothing to do
-NICE = 10
+NICE = 0  # steps below the program's OS priority: none (the CPU cap bounds the thread instead)
 
 
 class TwinJob(Protocol):
@@ -203,8 +204,13 @@ class TwinWorker:
     """The background thread of a program's twins: channels by key, each with its jobs, at
     most ``cpu_share`` of one core over the thread's life (None: no cap)."""
 
-    def __init__(self, poll_s: float = POLL_S, cpu_share: float | None = None) -> None:
+    def __init__(
+        self, poll_s: float = POLL_S, cpu_share: float | None = None, nice: int = NICE
+    ) -> None:
+        if not 0 <= nice <= 19:
+            raise ValueError(f"the twin thread's nice must be in [0, 19], got {nice}")
         self.poll_s = poll_s
+        self.nice = nice
         self.cpu_share = cpu_share
         self.started: float | None = None  # when the thread started (the cap's clock)
         self.capped_passes = 0  # passes whose steps waited for the cap
@@ -263,10 +269,13 @@ class TwinWorker:
         return busy
 
     def _run(self) -> None:
-        try:  # a lower priority: under CPU contention the routing threads go first
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
-        except (OSError, AttributeError):
-            pass
+        if self.nice > 0:
+            try:  # ``nice`` steps below the program's priority (the thread starts at its creator's)
+                tid = threading.get_native_id()
+                own = os.getpriority(os.PRIO_PROCESS, tid)
+                os.setpriority(os.PRIO_PROCESS, tid, min(19, own + self.nice))
+            except (OSError, AttributeError):
+                pass
         self.started = time.monotonic()
         while not self.stopping.is_set():
             may = self.may_step(time.monotonic())

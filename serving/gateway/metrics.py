@@ -2,7 +2,8 @@
 
 Per rank: running requests, KV load, health. The group: live imbalance (max minus mean of the
 per-rank loads, every tick) as a histogram, pool size, admission wait, TTFT and TPOT seen at the
-gateway, decisions and router step time, prediction fallbacks, re-routes and requests by outcome;
+gateway, decisions and router step time, prediction fallbacks, re-routes and requests by outcome,
+the event loop's lag (:mod:`.looplag`);
 everything the arms change is labelled by arm. The live twins (:mod:`.twins`): weight, blocks
 judged, switches, CPU seconds and lag per driven arm; the twins' thread's CPU seconds (the twins
 and the switchback's counterfactual, what the CPU cap bounds) and the counterfactual's blocks.
@@ -78,6 +79,13 @@ class GatewayMetrics:
         )
         self.outcomes = Counter(P + "requests", "requests by outcome", ["outcome"], registry=r)
         self.reloads = Counter(P + "reloads", "model reloads by outcome", ["outcome"], registry=r)
+        self.loop_lag = Histogram(
+            P + "loop_lag_seconds",
+            "how late the event loop ran a 100 ms timer (a loop waiting for the GIL or a long "
+            "callback)",
+            buckets=TIME_BUCKETS,
+            registry=r,
+        )
         self.arm = Gauge(P + "active_arm", "1 for the arm routing now", ["arm"], registry=r)
         self.twin_weight = Gauge(
             P + "twin_weight",

@@ -28,6 +28,7 @@ from balanceroute.serving.gateway.completions import CompletionLog
 from balanceroute.serving.gateway.dispatch import Dispatcher, tick_table
 from balanceroute.serving.gateway.drain import Drain
 from balanceroute.serving.gateway.health import RankHealth
+from balanceroute.serving.gateway.looplag import LoopLag
 from balanceroute.serving.gateway.metrics import GatewayMetrics
 from balanceroute.serving.gateway.reload import reload_arms
 from balanceroute.serving.gateway.results import save_switchback
@@ -70,8 +71,10 @@ class Gateway:
             settings.seed,
             self.clock(),
         )
+        self.loop_lag = LoopLag(self.metrics.loop_lag)
         self.recent = RecentCompletions(RECENT_COMPLETIONS)
-        self.twins = GatewayTwins(arms, settings.group, settings.slots, seed=settings.seed)
+        self.twins = GatewayTwins(arms, settings.group, settings.slots, seed=settings.seed,
+                                  enabled=settings.twins, nice=settings.twin_nice)  # fmt: skip
         self.dispatcher = Dispatcher(
             self.group,
             arms,
@@ -127,6 +130,7 @@ class Gateway:
             loop.create_task(self.dispatcher.run(s.tick_s, s.sample_s), name="gateway-tick"),
             loop.create_task(self.health.run(self._session), name="gateway-health"),
             loop.create_task(self._rotate(), name="gateway-log"),
+            loop.create_task(self.loop_lag.run(), name="gateway-loop-lag"),
         ]
 
     async def _rotate(self) -> None:
@@ -192,6 +196,7 @@ class Gateway:
             row["router_step_p50_us"] = steps.get(arm)
         summary["activations"] = self.dispatcher.activations
         summary["admission_violations"] = self.dispatcher.violations
+        summary["loop_lag"] = self.loop_lag.summary()
         summary["twins"] = self.twins.stats()
         summary["twin_feed"] = self.twins.feed_stats()
         counterfactual = self.twins.comparison()

@@ -158,6 +158,16 @@ class GatewaySettings(ServiceSettings):
         "beside the decider (protocol, the cheapest layout), or FastAPI/uvicorn with aiohttp to "
         "the ranks (asgi)",
     )  # fmt: skip
+    twins: bool = Field(
+        default=True,
+        description="run the live twins and the switchback's counterfactual (off: the "
+        "twin-driven arms route at their start weight)",
+    )
+    twin_nice: int = Field(
+        default=0, ge=0, le=19,
+        description="the live twins' thread's OS priority, this many steps below the gateway's "
+        "(0: the same; a lower one can stall the event loop while it holds the GIL)",
+    )  # fmt: skip
     relay_plane: Literal["protocol", "aiohttp"] = Field(
         default="protocol",
         description="what the relay workers run: asyncio.Protocol with httptools on both sides "

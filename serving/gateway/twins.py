@@ -28,7 +28,7 @@ from balanceroute.predict.remote import RemoteEstimator
 from balanceroute.router.lab.cost import CostModel
 from balanceroute.router.lab.twin import SequentialTest, TwinConfig, TwinGroup
 from balanceroute.router.lab.twin_compare import ArmComparison, ComparedArm
-from balanceroute.router.lab.twin_live import LiveTwin, TwinWorker, pending_limit
+from balanceroute.router.lab.twin_live import NICE, LiveTwin, TwinWorker, pending_limit
 from balanceroute.router.lab.twin_prior import live_start
 from balanceroute.router.policies.balance_route import BalanceRoutePolicy, guard_applies
 from balanceroute.serving.gateway.arms import Arm
@@ -69,13 +69,16 @@ class GatewayTwins:
         config: TwinConfig | None = None,
         cost: CostModel | None = None,
         start: float | SequentialTest | None = None,
+        enabled: bool = True,
+        nice: int = NICE,
     ) -> None:
         self.config = cfg = config or TwinConfig()
+        self.enabled = enabled  # off: the driven arms route at their start weight, no replays
         self.cost = cost or CostModel()
         self.ranks, self.slots, self.seed = ranks, slots, seed
         self.start_at = start
         self._starts: dict[str, float | SequentialTest | None] = {}
-        self.worker = TwinWorker(cpu_share=cfg.cpu_share)
+        self.worker = TwinWorker(cpu_share=cfg.cpu_share, nice=nice)
         self.channel = self.worker.channel("gateway", pending_limit(cfg, ranks, slots))
         self.feed = self.channel.feed
         self.arms = list(arms)
@@ -83,22 +86,27 @@ class GatewayTwins:
         for arm in arms:
             if arm.label in self.driven:
                 self.renew(arm)
-        if len(arms) > 1:
+        if len(arms) > 1 and enabled:
             self._compare()
 
     # ---- the routing side (event loop) ----------------------------------------------------
     def arrived(self, arrival_s: float, prompt_tokens: int, prompt_key: int) -> int:
-        """A request joined the pool; its ticket."""
+        """A request joined the pool; its ticket (-1 with the twins off: nothing is fed)."""
+        if not self.enabled:
+            return -1
         return self.feed.arrived(arrival_s, prompt_tokens, prompt_key)
 
     def finished(self, ticket: int, output_tokens: int, now: float) -> None:
-        self.feed.finished(ticket, output_tokens, now)
+        if self.enabled:
+            self.feed.finished(ticket, output_tokens, now)
 
     def dropped(self, ticket: int) -> None:
-        self.feed.dropped(ticket)
+        if self.enabled:
+            self.feed.dropped(ticket)
 
     def tick(self, iteration: int) -> None:
-        self.feed.tick(iteration)
+        if self.enabled:
+            self.feed.tick(iteration)
 
     def weight(self, label: str) -> float | None:
         """The weight the arm routes with now (None: no twin drives it)."""
@@ -124,6 +132,8 @@ class GatewayTwins:
         if start is None:  # the model's prior for this group, if it carries one
             start = live_start(model, self.ranks, self.slots, cfg)
         self._starts[arm.label] = start
+        if not self.enabled:
+            return
         self.channel.add(arm.label, lambda: LiveTwin(group, model, cfg, start=start))
         if len(self.arms) > 1 and self.channel.job(COMPARISON) is not None:
             self._compare()
@@ -150,7 +160,9 @@ class GatewayTwins:
 
     # ---- life and status ------------------------------------------------------------------
     def start(self) -> None:
-        self.worker.start()
+        """Start the thread (not with the twins off: no thread at all in the process)."""
+        if self.enabled:
+            self.worker.start()
 
     def stop(self) -> None:
         self.worker.stop(timeout_s=10.0)

@@ -3,6 +3,9 @@ memory bounded over a long feed, and the counterfactual comparison of arms."""
 
 from __future__ import annotations
 
+import os
+import threading
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -222,3 +225,32 @@ def test_twin_config_rejects_a_cpu_share_outside_one_core():
     with pytest.raises(ValueError, match="cpu_share"):
         TwinConfig(cpu_share=1.5)
     assert TwinConfig(cpu_share=None).cpu_share is None
+
+
+# ---- the thread's OS priority -----------------------------------------------------------------
+def _thread_nice(worker: TwinWorker) -> int:
+    """The started thread's nice, read once it has set it (``started`` comes after)."""
+    worker.start()
+    for _ in range(10_000):
+        if worker.started is not None:
+            break
+        threading.Event().wait(0.001)
+    assert worker.thread is not None and worker.thread.native_id is not None
+    try:
+        return os.getpriority(os.PRIO_PROCESS, worker.thread.native_id)
+    finally:
+        worker.stop()
+
+
+def test_the_thread_keeps_the_programs_priority_at_nice_0_and_lowers_it_when_asked():
+    own = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert _thread_nice(TwinWorker(nice=0)) == own
+    assert _thread_nice(TwinWorker(nice=3)) == min(19, own + 3)  # relative to the program's
+    assert _thread_nice(TwinWorker(nice=19)) == 19  # raising a nice needs no privilege
+
+
+def test_a_nice_outside_the_os_range_is_refused():
+    with pytest.raises(ValueError, match="nice"):
+        TwinWorker(nice=-1)
+    with pytest.raises(ValueError, match="nice"):
+        TwinWorker(nice=20)

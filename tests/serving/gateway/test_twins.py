@@ -9,8 +9,12 @@ import itertools
 import threading
 
 import numpy as np
+import pytest
 from prometheus_client import generate_latest
 
+from balanceroute.cli import build_parser
+from balanceroute.cli.gateway import settings_from_args
+from balanceroute.features.errors import UserError
 from balanceroute.predict.factory import build_estimator
 from balanceroute.router.lab.twin import TwinConfig, TwinGroup
 from balanceroute.router.lab.twin_live import LiveTwin
@@ -239,3 +243,32 @@ def test_metrics_carry_the_twins_thread_cpu_and_the_counterfactuals_blocks():
     assert (
         "balanceroute_gateway_twin_worker_cpu_seconds 3.25" in generate_latest(m.registry).decode()
     )
+
+
+def test_twins_off_route_at_the_start_weight_and_replay_nothing():
+    arms = [_arm(), _arm("brh:none{horizon=16}")]
+    twins = GatewayTwins(arms, G, B, config=CFG, enabled=False)
+    traffic = Traffic(arms, twins)
+    for _ in range(400):
+        traffic.step()
+        twins.worker.run_once()
+    assert twins.channel.jobs == {} and twins.comparison() is None
+    assert twins.channel.order.numbered == 0 and not twins.feed.events  # nothing fed
+    twins.start()
+    assert twins.worker.thread is None  # no thread in the process
+    assert twins.stats()[LABEL]["twin_decisions"] == 0
+    assert {b for b in traffic.blends if b is not None} == {0.0}
+    assert twins.weight(LABEL) == 0.0
+
+
+def test_the_gateway_flags_turn_the_twins_off_and_set_their_threads_nice():
+    base = ["gateway", "--rank", "http://127.0.0.1:1", "--slots", "4"]
+    args = build_parser(base).parse_args(base)
+    s = settings_from_args(args)
+    assert s.twins and s.twin_nice == 0
+    args = build_parser(base).parse_args([*base, "--no-twins", "--twin-nice", "10"])
+    s = settings_from_args(args)
+    assert not s.twins and s.twin_nice == 10
+    args = build_parser(base).parse_args([*base, "--twin-nice", "20"])
+    with pytest.raises(UserError, match="twin_nice"):
+        settings_from_args(args)

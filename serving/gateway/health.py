@@ -14,6 +14,11 @@ is checked with ``GET /v1/models`` and the key instead, and stays out, named so 
 and the log, until it accepts them. In header mode the ranks share one upstream: its health is
 theirs.
 
+A check that timed out more than :data:`LATE_LOOP_S` after its deadline timed out because the
+gateway's own event loop was late (a stall of the process, or of the machine: the answer may have
+been waiting in the socket), not because the rank was: it is not counted either way
+(``unjudged``), so a stalled gateway does not empty its rotation when it wakes.
+
 An **outage** (no rank in rotation) is tracked: :attr:`RankHealth.outage_since` and two events,
 ``outage`` and ``serving``, which the queued requests wait on (they get 503 after
 ``no_rank_wait_s`` of outage, :meth:`~balanceroute.serving.gateway.life.RequestLife.admitted`).
@@ -35,6 +40,7 @@ from balanceroute.serving.gateway.state import LiveGroup
 
 log = logging.getLogger("balanceroute.gateway")
 CHECK_TIMEOUT_S = 2.0
+LATE_LOOP_S = 0.25  # a timeout that fired this late past its deadline says the loop stalled
 
 
 class RankHealth:
@@ -59,6 +65,7 @@ class RankHealth:
         self.fails = [0] * group.ranks  # failed checks in a row
         self.heard_then = group.heard.copy()  # the group's ``heard`` at the last round
         self.skipped = 0  # checks not made: the rank was serving
+        self.unjudged = 0  # checks that timed out while the gateway's own loop was late
         self.passes = [0] * group.ranks  # good checks in a row
         for g in range(group.ranks):
             metrics.healthy.labels(str(g)).set(1)
@@ -132,12 +139,20 @@ class RankHealth:
         headers = {} if refused is None else self.auth_headers(rank)
         url = self.settings.rank_url(rank) + path
         assert self.session is not None
+        loop = asyncio.get_running_loop()
+        start = loop.time()
         try:
             timeout = aiohttp.ClientTimeout(total=CHECK_TIMEOUT_S)
             async with self.session.get(url, timeout=timeout, headers=headers) as resp:
                 await resp.read()
                 ok, why = resp.status == 200, f"GET {path} answered {resp.status}"
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            late = loop.time() - start - CHECK_TIMEOUT_S
+            if isinstance(exc, TimeoutError) and late > LATE_LOOP_S:
+                self.unjudged += 1
+                log.warning("GET %s of rank %d timed out %.2f s late: the gateway's event loop "
+                            "was stalled, not counted against the rank", path, rank, late)  # fmt: skip
+                return
             ok, why = False, f"GET {path} failed: {type(exc).__name__}: {exc}"
         if refused is not None:
             if ok:

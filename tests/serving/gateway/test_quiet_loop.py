@@ -239,3 +239,42 @@ def test_a_lone_arrival_is_decided_at_once_and_a_crowd_at_the_next_pass() -> Non
         assert later.done() and d.decisions == 2
 
     asyncio.run(scenario())
+
+
+def test_a_check_that_timed_out_while_the_gateway_stalled_is_not_counted(monkeypatch) -> None:
+    """A real rank that never answers: a timeout on time counts against it; one that fired late
+    because the gateway's own loop was blocked is not judged (a stalled gateway must not empty
+    its rotation when it wakes)."""
+    import time as wall
+
+    import aiohttp
+
+    from balanceroute.serving.gateway import health as health_module
+
+    monkeypatch.setattr(health_module, "CHECK_TIMEOUT_S", 0.3)
+
+    async def scenario() -> None:
+        async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.read(1 << 16)
+            await asyncio.sleep(30)  # never answers within a check
+
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        settings = GatewaySettings(ranks=[f"http://127.0.0.1:{port}"], slots=2)
+        health = RankHealth(settings, LiveGroup.sized(1, 2, 8), GatewayMetrics(), lambda: None)
+        try:
+            async with aiohttp.ClientSession() as session:
+                health.session = session
+                await health.check(0)  # the loop ran on time: a real timeout
+                assert health.fails[0] == 1 and health.unjudged == 0
+                task = asyncio.create_task(health.check(0))
+                await asyncio.sleep(0.1)  # the request is on the wire
+                wall.sleep(0.3 + 2 * health_module.LATE_LOOP_S + 0.3)  # the loop is blocked
+                await task
+                assert health.fails[0] == 1 and health.unjudged == 1
+                assert bool(health.group.healthy[0])
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(scenario())

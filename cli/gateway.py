@@ -98,7 +98,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="no live twins nor counterfactual (twin-driven arms keep their start "
                    "weight)")  # fmt: skip
     a.add_argument("--twin-nice", type=int, metavar="N",
-                   help="the live twins' thread's OS priority, N steps below the gateway's (0)")  # fmt: skip
+                   help="the live twins' process's OS priority, N steps below the gateway's (0)")  # fmt: skip
     a.add_argument(
         "--no-mlflow", dest="track", action="store_false", default=None, help="no MLflow runs"
     )

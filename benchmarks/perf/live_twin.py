@@ -19,7 +19,8 @@ The gateway's event loop beside it (docs/results.md, "The live twin and the gate
 loop"): the loop lag (``/v1/ab``'s ``loop_lag``: how late a 100 ms timer ran), the largest gap
 between decision ticks (``ticks.parquet``), ``/metrics``' answer times, the ranks leaving the
 rotation, with ``--twin off`` (no twins nor counterfactual: ``gbdt`` routes at its start weight)
-or ``--twin-nice N`` (the twin thread's OS nice) to compare.
+or ``--twin-nice N`` (the twins' OS nice) to compare, and ``--base-python`` (another
+installation's gateway, e.g. main's with the twins in a thread) beside this tree's.
 
     nice -n 5 .venv/bin/python benchmarks/perf/live_twin.py --out runs/live_twin > runs/live_twin.json
 """
@@ -27,6 +28,7 @@ or ``--twin-nice N`` (the twin thread's OS nice) to compare.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -95,8 +97,12 @@ def start_emulator(ts: float, port_base: int, out: Path) -> tuple[ServerProcess,
     return proc, urls
 
 
-def start_gateway(urls: list[str], port: int, extra: list[str], out: Path) -> ServerProcess:
-    args = [*CLI, "gateway", "--slots", str(B), "--port", str(port), "--out", str(out / "gateway")]
+def start_gateway(
+    urls: list[str], port: int, extra: list[str], out: Path, python: str | None = None
+) -> ServerProcess:
+    """``balanceroute gateway`` of this installation, or of ``python``'s (another worktree's)."""
+    cli = CLI if python is None else [python, *CLI[1:]]
+    args = [*cli, "gateway", "--slots", str(B), "--port", str(port), "--out", str(out / "gateway")]
     for u in urls:
         args += ["--rank", u]
     env = clean_env({"BALANCEROUTE_LOG_LEVEL": "info"})
@@ -157,6 +163,24 @@ class Poller:
     def stop(self) -> None:
         self.stopping.set()
         self.thread.join(30)
+
+
+def process_cpu(pid: int) -> list[dict[str, Any]]:
+    """CPU seconds (user + system) of the gateway and every process under it, as the OS counts
+    them (psutil): the twins' child and its fork server beside the gateway."""
+    import psutil
+
+    out = []
+    try:
+        root = psutil.Process(pid)
+        for p in [root, *root.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                t = p.cpu_times()
+                out.append({"pid": p.pid, "cmd": " ".join(p.cmdline())[-80:],
+                            "cpu_s": round(t.user + t.system, 3)})  # fmt: skip
+    except psutil.Error:
+        pass
+    return out
 
 
 def weight_course(samples: list[dict[str, Any]], arm: str) -> dict[str, Any]:
@@ -262,7 +286,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             extra += ["--twin-nice", str(args.twin_nice)]
         if args.twin == "off":
             extra.append("--no-twins")
-        gw = start_gateway(urls, args.gateway_port, extra, out)
+        gw = start_gateway(urls, args.gateway_port, extra, out, args.base_python)
         poller = Poller(gw_url, args.poll)
         try:
             poller.start()
@@ -275,6 +299,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             poller.stop()
             ab = httpx.get(gw_url + "/v1/ab", timeout=30, trust_env=False).json()
             wall = poller.samples[-1]["t_s"] if poller.samples else None
+            processes = process_cpu(gw.proc.pid)
         finally:
             poller.stop()
             gw.terminate(120)
@@ -297,6 +322,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "window_s": args.window,
         "twin": args.twin,
         "twin_nice": args.twin_nice,
+        "gateway_python": args.base_python or sys.executable,
         "twin_prior": prior,
         "bench": {
             k: bench_summary.get(k)
@@ -311,6 +337,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "event_loop": loop_health(out, poller.samples, ab),
         "twin_weight": weight_course(poller.samples, gbdt),
         "twin_cpu": cpu_share(poller.samples, gbdt, wall or live_wall),
+        "process_cpu": processes,
         "twins": ab.get("twins"),
         "twin_feed": ab.get("twin_feed"),
         "switchback": {
@@ -354,7 +381,10 @@ def main() -> None:
     p.add_argument("--no-offline", action="store_true")
     p.add_argument("--twin", choices=("on", "off"), default="on",
                    help="off: the gateway runs no twins nor counterfactual (--no-twins)")  # fmt: skip
-    p.add_argument("--twin-nice", type=int, help="the twin thread's nice (gateway's default)")
+    p.add_argument("--twin-nice", type=int, help="the twins' nice (gateway's default)")
+    p.add_argument("--base-python", help="run the gateway of this python's installation (a "
+                   "worktree of main: before/after in one run); emulator and bench stay this "
+                   "tree's")  # fmt: skip
     args = p.parse_args()
     print(json.dumps(run(args), indent=2, default=float))
 

@@ -52,6 +52,9 @@ class ArrivalOrder:
         """One event: ``ARRIVE (release_s, prompt_tokens, prompt_key)``, ``FINISH
         (output_tokens, finish_s, -)`` or ``DROP``."""
         if kind == ARRIVE:
+            if ticket < self.head:  # arrived before this order started (a new twins' process)
+                self.late += 1
+                return
             self.pending[ticket] = _Pending(a, int(b), c)
             return
         p = self.pending.get(ticket)

@@ -1,16 +1,19 @@
-"""The twin live: decode twins beside a service's or a gateway's router, in a background thread.
+"""The twin live: decode twins beside a service's or a gateway's router, stepped by a worker.
 
 A program routes with :attr:`LiveTwin.weight` (an attribute read: the routing path never waits
 for the twin). Its requests reach the twin through a :class:`~.twin_feed.TwinFeed` (events
-appended to a deque) and a :class:`TwinWorker` thread does everything else: numbering finished
+appended to a deque) and a :class:`TwinWorker` does everything else: numbering finished
 requests in arrival order, feeding them to the twins, and stepping each twin while it has
 budget: ``work_ratio`` simulated iterations per live iteration the program reports
-(:meth:`TwinFeed.tick`), as in ``simulate``. The thread runs at the program's own CPU priority
-by default (a lower one, ``nice``, can stall the program's threads that wait for the GIL while
-the OS does not run the thread holding it; docs/design.md) and reports its own CPU time (``time.thread_time``, the thread's, not the process's). On top of
-the simulated budget, its CPU is capped (``TwinConfig.cpu_share`` of one core over its life): a
-step starts only when the thread's CPU so far plus the costliest step's fits the cap, so a twin
-whose replays cost more than expected (a slow estimator, a loaded machine) decides more slowly
+(:meth:`TwinFeed.tick`), as in ``simulate``. The gateway and the service run the worker in a
+child process (:mod:`.twin_proc`: the replays hold none of the program's GIL; there the cap
+counts the child's whole CPU); :meth:`TwinWorker.start` runs it as a thread of the program
+(benchmarks, tests), at the program's own priority by default (a lower one, ``nice``, can stall
+the program's threads that wait for the GIL while the OS does not run the thread holding it;
+docs/design.md), reporting its own CPU time (``time.thread_time``). On top of the simulated
+budget, its CPU is capped (``TwinConfig.cpu_share`` of one core over its life): a step starts
+only when the worker's CPU so far plus the costliest step's fits the cap, so a twin whose
+replays cost more than expected (a slow estimator, a loaded machine) decides more slowly
 instead of taking more of the core.
 
 Memory is bounded (docs/design.md, "The twin live"): the feed holds at most ``max_pending``
@@ -41,7 +44,7 @@ log = logging.getLogger("balanceroute.twin")
 MAX_LAG = 2  # complete blocks a live twin keeps waiting at most (it decides on recent traffic)
 PENDING_BLOCKS = 16  # requests waiting for a number: at most this many blocks' worth
 POLL_S = 0.05  # the worker's sleep when it has nothing to do
-NICE = 0  # steps below the program's OS priority: none (the CPU cap bounds the thread instead)
+NICE = 0  # steps below the program's OS priority: none (the CPU cap bounds the worker instead)
 
 
 class TwinJob(Protocol):

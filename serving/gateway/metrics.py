@@ -5,8 +5,9 @@ per-rank loads, every tick) as a histogram, pool size, admission wait, TTFT and 
 gateway, decisions and router step time, prediction fallbacks, re-routes and requests by outcome,
 the event loop's lag (:mod:`.looplag`);
 everything the arms change is labelled by arm. The live twins (:mod:`.twins`): weight, blocks
-judged, switches, CPU seconds and lag per driven arm; the twins' thread's CPU seconds (the twins
-and the switchback's counterfactual, what the CPU cap bounds) and the counterfactual's blocks.
+judged, switches, CPU seconds and lag per driven arm; the twins' process's CPU seconds (the twins
+and the switchback's counterfactual, what the CPU cap bounds), whether it is up and its
+restarts, and the counterfactual's blocks.
 """
 
 from __future__ import annotations
@@ -113,8 +114,18 @@ class GatewayMetrics:
 
         self.twin_worker_cpu = Gauge(
             P + "twin_worker_cpu_seconds",
-            "the live twins' thread: CPU seconds of every twin and the counterfactual comparison "
-            "(what the thread's CPU cap bounds)",
+            "the live twins' process: CPU seconds of every twin and the counterfactual comparison "
+            "(the child's whole CPU, every child so far; what the CPU cap bounds)",
+            registry=r,
+        )
+        self.twin_process_up = Gauge(
+            P + "twin_process_up",
+            "the live twins' process: 1 running, 0 down (the driven arms route at w = 0), "
+            "restarting or off",
+            registry=r,
+        )
+        self.twin_process_restarts = Gauge(
+            P + "twin_process_restarts", "the live twins' process: restarts after a death",
             registry=r,
         )
         self.twin_comparison_blocks = Gauge(
@@ -128,9 +139,13 @@ class GatewayMetrics:
         rows: dict[str, dict[str, Any]],
         worker_cpu_s: float | None = None,
         comparison: dict[str, Any] | None = None,
+        process: dict[str, Any] | None = None,
     ) -> None:
-        """The live twins' state by arm, the thread's CPU and the counterfactual's blocks (set
-        when ``/metrics`` is scraped)."""
+        """The live twins' state by arm, their process's CPU, life and the counterfactual's
+        blocks (set when ``/metrics`` is scraped)."""
+        if process is not None:
+            self.twin_process_up.set(1.0 if process["state"] == "running" else 0.0)
+            self.twin_process_restarts.set(process["restarts"])
         if worker_cpu_s is not None:
             self.twin_worker_cpu.set(worker_cpu_s)
         if comparison is not None:

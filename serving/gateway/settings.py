@@ -165,8 +165,8 @@ class GatewaySettings(ServiceSettings):
     )
     twin_nice: int = Field(
         default=0, ge=0, le=19,
-        description="the live twins' thread's OS priority, this many steps below the gateway's "
-        "(0: the same; a lower one can stall the event loop while it holds the GIL)",
+        description="the live twins' process's OS priority, this many steps below the gateway's "
+        "(0: the same)",
     )  # fmt: skip
     relay_plane: Literal["protocol", "aiohttp"] = Field(
         default="protocol",

@@ -3,19 +3,23 @@
 Every request's life reaches one feed (:mod:`balanceroute.router.lab.twin_feed`): its arrival
 (time at the gateway, prompt tokens, prompt key), its finish with the tokens streamed (the
 rows of the completion log), or its drop (abandoned, aborted, failed: never replayed, as the
-estimators never learn it). A background thread (:class:`TwinWorker`) numbers the finished
-requests in arrival order and steps, under the budget (``work_ratio`` simulated iterations per
-live iteration, the gateway's step estimate):
+estimators never learn it). A child process (:class:`~balanceroute.router.lab.twin_proc.TwinProcess`:
+the replays hold no GIL of the gateway's) numbers the finished requests in arrival order and
+steps, under the budget (``work_ratio`` simulated iterations per live iteration, the gateway's
+step estimate) and the CPU cap (the child's CPU):
 
 - one :class:`LiveTwin` per arm it drives (BR-H with a learned deployable estimator, the
   ``twin`` option on, no fixed ``blend``): the arm routes at its weight, read at every decision
-  (never waited for), ``w = 0`` until the twin has evidence;
+  (never waited for: the child's last report), ``w = 0`` until the twin has evidence and while
+  the child is down;
 - with two arms or more, an :class:`ArmComparison`: every arm replayed on the same blocks, the
   switchback's counterfactual (:func:`~balanceroute.serving.gateway.switchback.twin_agreement`).
 
 The twins copy the arms' models when made (at start and after a reload, on the event loop:
-the fan-out updates a model there, never during the copy); their shadows learn only from the
-feed, leakage-free.
+the fan-out updates a model there, never during the copy) and the copies go to the child
+pickled (a reload replaces its jobs); their shadows learn only from the feed, leakage-free. The
+event loop feeds the child and reads its reports in :meth:`GatewayTwins.tick` (every tick,
+never waiting).
 """
 
 from __future__ import annotations
@@ -27,9 +31,9 @@ from balanceroute.predict.base import CompletionEstimator
 from balanceroute.predict.remote import RemoteEstimator
 from balanceroute.router.lab.cost import CostModel
 from balanceroute.router.lab.twin import SequentialTest, TwinConfig, TwinGroup
-from balanceroute.router.lab.twin_compare import ArmComparison, ComparedArm
-from balanceroute.router.lab.twin_live import NICE, LiveTwin, TwinWorker, pending_limit
+from balanceroute.router.lab.twin_live import NICE, pending_limit
 from balanceroute.router.lab.twin_prior import live_start
+from balanceroute.router.lab.twin_proc import ComparisonMaker, TwinMaker, TwinProcess
 from balanceroute.router.policies.balance_route import BalanceRoutePolicy, guard_applies
 from balanceroute.serving.gateway.arms import Arm
 
@@ -57,7 +61,7 @@ def twin_drives(arm: Arm) -> bool:
 
 
 class GatewayTwins:
-    """The feed, the twins of the arms and the comparison, in one background thread."""
+    """The feed, the twins of the arms and the comparison, in one child process."""
 
     def __init__(
         self,
@@ -78,7 +82,7 @@ class GatewayTwins:
         self.ranks, self.slots, self.seed = ranks, slots, seed
         self.start_at = start
         self._starts: dict[str, float | SequentialTest | None] = {}
-        self.worker = TwinWorker(cpu_share=cfg.cpu_share, nice=nice)
+        self.worker = TwinProcess(cpu_share=cfg.cpu_share, nice=nice)
         self.channel = self.worker.channel("gateway", pending_limit(cfg, ranks, slots))
         self.feed = self.channel.feed
         self.arms = list(arms)
@@ -105,13 +109,18 @@ class GatewayTwins:
             self.feed.dropped(ticket)
 
     def tick(self, iteration: int) -> None:
+        """The group's iteration; the child fed and read (every :data:`PUMP_S` at most)."""
         if self.enabled:
             self.feed.tick(iteration)
+            self.worker.pump()
 
     def weight(self, label: str) -> float | None:
-        """The weight the arm routes with now (None: no twin drives it)."""
+        """The weight the arm routes with now (None: no twin drives it; 0 while the twins'
+        process is down: no evidence)."""
         if label not in self.driven:
             return None
+        if self.worker.down:
+            return 0.0
         job = self.channel.job(label)
         return self._start_weight(label) if job is None else job.weight
 
@@ -134,23 +143,18 @@ class GatewayTwins:
         self._starts[arm.label] = start
         if not self.enabled:
             return
-        self.channel.add(arm.label, lambda: LiveTwin(group, model, cfg, start=start))
+        self.channel.add(arm.label, TwinMaker(group, model, cfg, start))
         if len(self.arms) > 1 and self.channel.job(COMPARISON) is not None:
             self._compare()
 
     def _compare(self) -> None:
         group = TwinGroup(self.arms[0].spec, self.ranks, self.slots, self.cost, self.seed)
         compared = [
-            ComparedArm(
-                a.label,
-                a.spec,
-                copy.deepcopy(local_model(a)),
-                (lambda label=a.label: self.weight(label)) if a.label in self.driven else None,
-            )
+            (a.label, a.spec, copy.deepcopy(local_model(a)),
+             self._start_weight(a.label) if a.label in self.driven else None)
             for a in self.arms
-        ]
-        cfg = self.config
-        self.channel.add(COMPARISON, lambda: ArmComparison(compared, group, cfg))
+        ]  # fmt: skip
+        self.channel.add(COMPARISON, ComparisonMaker(compared, group, self.config))
 
     def _start_weight(self, label: str) -> float:
         s = self._starts.get(label, self.start_at)
@@ -160,7 +164,7 @@ class GatewayTwins:
 
     # ---- life and status ------------------------------------------------------------------
     def start(self) -> None:
-        """Start the thread (not with the twins off: no thread at all in the process)."""
+        """Start the twins' process (not with the twins off: no child, nothing fed)."""
         if self.enabled:
             self.worker.start()
 
@@ -173,7 +177,8 @@ class GatewayTwins:
         for label in sorted(self.driven):
             job = self.channel.job(label)
             if job is None:
-                row: dict[str, Any] = {"twin_weight": self._start_weight(label), "twin_decisions": 0,
+                w = 0.0 if self.worker.down else self._start_weight(label)
+                row: dict[str, Any] = {"twin_weight": w, "twin_decisions": 0,
                                        "twin_switches": 0, "twin_cpu_s": 0.0,
                                        "twin_lag_blocks": 0}  # fmt: skip
             else:
@@ -189,5 +194,8 @@ class GatewayTwins:
         return None if job is None else job.summary()
 
     def feed_stats(self) -> dict[str, Any]:
+        """The feed's counts, the twins' process: its CPU (every child so far), passes the cap
+        held back, and its state (running, restarting after a death, off, stopped)."""
         return {**self.channel.order.stats(), "worker_cpu_s": round(self.worker.cpu_s, 4),
-                "worker_capped_passes": self.worker.capped_passes}  # fmt: skip
+                "worker_capped_passes": self.worker.capped_passes,
+                "twin_process": self.worker.status()}  # fmt: skip

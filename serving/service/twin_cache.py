@@ -2,7 +2,9 @@
 
 A routing call builds a fresh policy (no state leaks between callers), but the twin that
 chooses BR-H's blend weight learns across calls: it lives here, one per model arm and policy
-name (a bounded set), and runs in one background thread (:mod:`balanceroute.router.lab.twin_live`).
+name (a bounded set), and runs in one child process (:mod:`balanceroute.router.lab.twin_proc`:
+the replays hold none of the service's GIL); the calls feed it and read its reports, never
+waiting.
 The service learns of a request's life from the snapshots it is sent: a pool id seen for the
 first time **arrived** at ``time_s - waited_s``; an id posted running and absent from the next
 call (in neither the pool nor running) **finished** at that call, with ``age`` at its last call
@@ -11,8 +13,9 @@ service admitted and never saw running finished within one call (``iteration`` d
 tokens); an id that left the pool unadmitted was **dropped** (never replayed). Only ids of the
 last call are kept, so memory is bounded by the pool and the running requests.
 
-The twin's weight is read at the call (never waited for); until the twin has evidence it is
-the start weight, ``w = 0``: the arm routes exactly as ``brh:none`` does.
+The twin's weight is read at the call (never waited for: the child's last report); until the
+twin has evidence it is the start weight, ``w = 0``: the arm routes exactly as ``brh:none``
+does; while the child is down, ``w = 0`` too.
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ from typing import Any
 from balanceroute.predict.base import CompletionEstimator
 from balanceroute.router.lab.cost import CostModel
 from balanceroute.router.lab.twin import SequentialTest, TwinConfig, TwinGroup
-from balanceroute.router.lab.twin_live import Channel, LiveTwin, TwinWorker, pending_limit
+from balanceroute.router.lab.twin_live import pending_limit
 from balanceroute.router.lab.twin_prior import live_start
+from balanceroute.router.lab.twin_proc import ProcChannel, TwinMaker, TwinProcess
 from balanceroute.router.policies.specs import RouterSpec
 from balanceroute.serving.service.decode import key_column
 from balanceroute.serving.service.route_schemas import RouteRequest
@@ -44,7 +48,7 @@ class _Seen:
 
 @dataclass(slots=True)
 class _Stream:
-    channel: Channel
+    channel: ProcChannel
     shape: tuple[int, int]
     start: float | SequentialTest | None = None  # where its twin starts (a model's prior)
     seen: dict[Any, _Seen] = field(default_factory=dict)
@@ -64,11 +68,11 @@ class RouteTwins:
         self.config = config or TwinConfig()
         self.cost = cost or CostModel()
         self.start = start
-        self.worker = TwinWorker(cpu_share=self.config.cpu_share)
+        self.worker = TwinProcess(cpu_share=self.config.cpu_share)
         self._streams: dict[tuple[str, str], _Stream] = {}
 
     def run(self) -> None:
-        """Start the background thread."""
+        """Start the twins' process (the child itself starts with the first twin)."""
         self.worker.start()
 
     def stop(self) -> None:
@@ -85,7 +89,7 @@ class RouteTwins:
         """Tell the twin of ``arm`` under ``policy`` what this call shows (arrivals, finishes,
         drops) and return the weight to route with now. The twin is made on first use, or
         anew when G or B changed or the iteration went back (a new dispatcher): its copy of
-        ``estimator`` is taken in the worker thread, under ``lock``."""
+        ``estimator`` is pickled to the child under ``lock``."""
         g = len(req.workers)
         b = req.slots or max(len(w.running) + w.free_slots for w in req.workers)
         key = (arm, policy)
@@ -93,6 +97,9 @@ class RouteTwins:
         if stream is None or stream.shape != (g, b) or req.iteration < stream.last_iteration:
             stream = self._new_stream(key, req, g, b, estimator, lock)
         self._track(stream, req)
+        self.worker.pump()
+        if self.worker.down:
+            return 0.0
         job = stream.channel.job(JOB)
         return self._start_weight(stream) if job is None else job.weight
 
@@ -120,12 +127,9 @@ class RouteTwins:
         if start is None:  # the model's prior for this group, if it carries one
             with lock:
                 start = live_start(model, g, b, cfg)
-
-        def make() -> LiveTwin:
-            with lock:  # observe() updates the model under this lock
-                return LiveTwin(group, model, cfg, start=start)
-
-        channel.add(JOB, make)
+        channel.add(
+            JOB, TwinMaker(group, model, cfg, start), lock
+        )  # observe() updates it under lock
         stream = self._streams[key] = _Stream(channel, (g, b), start)
         return stream
 
@@ -175,13 +179,15 @@ class RouteTwins:
 
     def stats(self) -> list[dict[str, Any]]:
         """Every twin's state: arm, policy, weight, blocks judged, switches, CPU, lag."""
+        self.worker.pump()
         out = []
         for (arm, policy), stream in list(self._streams.items()):
             ch = stream.channel
             job = ch.job(JOB)
             row: dict[str, Any] = {"arm": arm, "policy": policy}
             if job is None:
-                row.update({"twin_weight": self._start_weight(stream), "twin_decisions": 0,
+                w = 0.0 if self.worker.down else self._start_weight(stream)
+                row.update({"twin_weight": w, "twin_decisions": 0,
                             "twin_switches": 0, "twin_cpu_s": 0.0, "twin_lag_blocks": 0})  # fmt: skip
             else:
                 row.update(job.stats())

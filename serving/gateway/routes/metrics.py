@@ -17,5 +17,6 @@ async def metrics(request: Request) -> Response:
     gw = request.app.state.gateway
     gw.dispatcher.sample()
     twins = gw.twins
-    gw.metrics.twins(twins.stats(), twins.worker.cpu_s, twins.comparison())
+    process = twins.worker.status() if twins.enabled else None
+    gw.metrics.twins(twins.stats(), twins.worker.cpu_s, twins.comparison(), process)
     return Response(generate_latest(gw.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -48,8 +48,10 @@ router = APIRouter(prefix="/v1", tags=["route"], dependencies=[Authorized])
 @router.get("/route/twins")
 async def route_twins(request: Request) -> dict[str, Any]:
     """The live twins of ``/v1/route`` (one per arm and policy): weight, blocks judged,
-    switches, CPU seconds, lag in blocks, and what their feed holds."""
-    return {"twins": services(request).twins.stats()}
+    switches, CPU seconds, lag in blocks, and what their feed holds; their process's state
+    (running, restarting after a death, off), pid and restarts."""
+    twins = services(request).twins
+    return {"twins": twins.stats(), "process": twins.worker.status()}
 
 
 def _check_sizes(data: Any, limit: int) -> None:

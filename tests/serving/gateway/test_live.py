@@ -42,6 +42,19 @@ POOL = 64  # phase A never holds more than 63 requests at once (60 bench + 3 who
 STOPPED = (0, -signal.SIGTERM)  # uvicorn re-raises the signal once it has shut down
 
 
+def _alive(pid: int, wait_s: float = 5.0) -> bool:
+    """Whether process ``pid`` still runs after up to ``wait_s`` (a stopping child's exit)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        if time.monotonic() > deadline:
+            return True
+        time.sleep(0.05)
+
+
 def _model(folder: Path) -> Path:
     history = generate("azure-conv", 300, seed=1)
     est = build_estimator(EstimatorSpec("survival"), history=history, horizon=80)
@@ -176,11 +189,19 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             for path, body, headers, _ in BAD_BODIES
         ]  # fmt: skip
         out["models"] = gw.get("/v1/models")
-        out["gw_ab"] = gw.get("/v1/ab").json()
+        accepted = gw.metric("balanceroute_gateway_requests_total", outcome="accepted")
+        for _ in range(100):  # the twins' process reports what it numbered within a second
+            out["gw_ab"] = gw.get("/v1/ab").json()
+            feed = out["gw_ab"]["twin_feed"]
+            if feed["twin_requests_numbered"] + feed["twin_requests_dropped"] >= accepted:
+                break
+            time.sleep(0.1)
         out["gw_metrics"] = gw.get("/metrics").text
         out["gw_outcomes"] = {o: gw.metric("balanceroute_gateway_requests_total", outcome=o)
                               for o in ("accepted", "completed")}  # fmt: skip
+        out["gw_pid"] = gw.proc.pid
         out["gw_exit"] = gw.stop()
+        out["twin_pid_left"] = _alive(out["gw_ab"]["twin_feed"]["twin_process"]["pid"])
         gw = None
         # the switchback: two arms alternating every second
         sb = GatewayProcess(base / "sb.out", emu.urls, "--slots", str(SLOTS), "--arms",
@@ -321,6 +342,10 @@ def test_the_twins_advance_from_the_requests_lives_and_are_in_metrics(live):
     assert feed["twin_requests_dropped"] >= 1  # the clients that walked away in phase B
     assert feed["twin_requests_numbered"] + feed["twin_requests_dropped"] == outcomes["accepted"]
     assert 'balanceroute_gateway_twin_weight{arm="brh"} 0.0' in live["gw_metrics"]
+    process = feed["twin_process"]  # the replays ran in a child, gone with the gateway
+    assert process["state"] == "running" and process["pid"] not in (None, live["gw_pid"])
+    assert "balanceroute_gateway_twin_process_up 1.0" in live["gw_metrics"]
+    assert not live["twin_pid_left"]
     arm = f"brh:survival@{live['model']}"
     sb = live["ab_twin"]
     assert set(sb["twins"]) == {arm}

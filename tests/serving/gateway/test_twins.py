@@ -1,12 +1,17 @@
 """The gateway's live twins: which arms a twin drives, the weight applied at every decision,
-the twin advancing from the requests' lives, decisions never waiting for it, and the
-switchback's verdict beside the twin's counterfactual."""
+the twin advancing from the requests' lives in a child process (its replays in another PID,
+its weights reaching the arm), decisions never waiting for it, a dead child leaving the arms
+at w = 0 and restarted, no child left after a stop, and the switchback's verdict beside the
+twin's counterfactual."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import threading
+import os
+import signal
+import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -17,7 +22,6 @@ from balanceroute.cli.gateway import settings_from_args
 from balanceroute.features.errors import UserError
 from balanceroute.predict.factory import build_estimator
 from balanceroute.router.lab.twin import TwinConfig, TwinGroup
-from balanceroute.router.lab.twin_live import LiveTwin
 from balanceroute.router.lab.twin_prior import attach_priors
 from balanceroute.router.policies.specs import RouterSpec
 from balanceroute.serving.gateway.arms import Arm, Handle
@@ -28,6 +32,7 @@ from balanceroute.serving.gateway.switchback import Switchback, report_markdown,
 from balanceroute.serving.gateway.twins import COMPARISON, GatewayTwins, local_model, twin_drives
 from tests.router.helpers import frame
 from tests.router.test_twin_prior import _prior
+from tests.router.twin_jobs import PinnedMaker, StuckMaker
 
 G, B = 2, 3
 CFG = TwinConfig(block_requests=32, min_windows=3, cooldown=2, memory=8)
@@ -91,83 +96,138 @@ def test_which_arms_a_twin_drives():
     assert not twin_drives(_arm("brh:survival{horizon=16;blend=0.5}"))
 
 
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
 def test_the_driven_arm_routes_at_its_twins_weight_and_the_twin_advances():
     arms = [_arm(), _arm("brh:none{horizon=16}")]
     twins = GatewayTwins(arms, G, B, config=CFG)
     traffic = Traffic(arms, twins)
+    try:
 
-    async def scenario() -> None:
-        for _ in range(1500):
-            traffic.step()
-            twins.worker.run_once()
+        async def scenario() -> None:
+            for i in range(1500):
+                traffic.step()
+                if i % 5 == 4:
+                    twins.worker.run_once()  # a pass of the child, its report read
 
-    asyncio.run(scenario())
-    stats = twins.stats()
-    assert set(stats) == {LABEL}
-    assert stats[LABEL]["twin_decisions"] >= 5
-    assert twins.channel.order.dropped >= 1  # the clients that walked away
-    assert traffic.blends[0] == 0.0 and all(b in (0.0, 0.5, 1.0) for b in traffic.blends)
-    job = twins.channel.job(LABEL)
-    assert isinstance(job, LiveTwin)
-    job.twin.test.current = 2  # the twin says w = 1: the next decision uses it
-
-    async def one() -> None:
-        traffic.step()
-
-    asyncio.run(one())
-    assert traffic.blends[-1] == 1.0
-    cf = twins.comparison()
-    assert cf is not None and cf["blocks"] >= 3
-    assert set(cf["imbalance_ratio_vs_reference"]) == {"brh:none{horizon=16}"}
-    assert twins.channel.job(COMPARISON) is not None
+        asyncio.run(scenario())
+        stats = twins.stats()
+        assert set(stats) == {LABEL}
+        assert stats[LABEL]["twin_decisions"] >= 5
+        assert twins.channel.order.dropped >= 1  # the clients that walked away
+        assert traffic.blends[0] == 0.0 and all(b in (0.0, 0.5, 1.0) for b in traffic.blends)
+        cf = twins.comparison()
+        assert cf is not None and cf["blocks"] >= 3
+        assert set(cf["imbalance_ratio_vs_reference"]) == {"brh:none{horizon=16}"}
+        assert twins.channel.job(COMPARISON) is not None
+    finally:
+        twins.stop()
 
 
-class _Stuck(LiveTwin):
-    entered = threading.Event()
-    release = threading.Event()
-
-    def step(self) -> int:
-        _Stuck.entered.set()
-        _Stuck.release.wait(60)
-        return super().step()
-
-
-def test_decisions_never_wait_for_a_twin_stuck_in_a_step():
+def test_the_twin_steps_in_a_child_process_and_its_weight_reaches_the_arm():
     arm = _arm()
     twins = GatewayTwins([arm], G, B, config=CFG)
-    traffic = Traffic([arm], twins, seed=1)
-    twins.channel.pending.clear()
-    group = TwinGroup(arm.spec, G, B)
-    twins.channel.add(LABEL, lambda: _Stuck(group, None, CFG))
-
-    def loop() -> None:
-        while not _Stuck.release.is_set():
-            if not twins.worker.run_once():
-                twins.worker.stopping.wait(0.002)
-
-    worker = threading.Thread(target=loop, daemon=True)
-    worker.start()
-
-    async def scenario() -> int:
-        for _ in range(5000):
-            traffic.step()
-            await asyncio.sleep(0)
-            if _Stuck.entered.is_set():
-                break
-        assert _Stuck.entered.is_set()
-        before = len(traffic.blends)
-        for _ in range(100):  # the worker is inside a step: decisions go on
-            traffic.step()
-        return len(traffic.blends) - before
-
+    twins.channel.add(LABEL, PinnedMaker(TwinGroup(arm.spec, G, B), CFG, 1.0))  # w = 1 there
+    traffic = Traffic([arm], twins)
     try:
-        assert asyncio.run(scenario()) == 100
-        assert twins.feed.events  # the lives wait in the feed, unprocessed
+        for _ in range(600):
+            for _ in range(5):
+                traffic.step()
+            twins.worker.run_once()
+            job = twins.channel.job(LABEL)
+            if job is not None and job.stats().get("step_pids"):
+                break
+        pid = twins.worker.pid
+        assert pid is not None and pid != os.getpid()
+        assert job.weight == 1.0 and job.stats()["step_pids"] == [pid]  # replayed in the child
+        traffic.step()
+        assert traffic.blends[-1] == 1.0
+    finally:
+        twins.stop()
+
+
+def test_decisions_never_wait_for_a_twin_stuck_in_a_step(tmp_path):
+    arm = _arm()
+    twins = GatewayTwins([arm], G, B, config=replace(CFG, cpu_share=None))
+    traffic = Traffic([arm], twins, seed=1)
+    marker = tmp_path / "stepping"
+    twins.channel.add(LABEL, StuckMaker(TwinGroup(arm.spec, G, B), None, CFG, str(marker)))
+    twins.start()
+    pid = twins.worker.pid
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists() and time.monotonic() < deadline:  # until the child steps
+            traffic.step()
+            time.sleep(0.001)
+        assert marker.read_text() == str(pid)  # stuck in its step, in the child
+        before = len(traffic.blends)
+        for _ in range(100):  # the child is inside a step: decisions go on, fed to it
+            traffic.step()
+            twins.worker.pump(force=True)
+        assert len(traffic.blends) - before == 100
+        assert not twins.feed.events  # sent (or buffered), never waiting for the child
         assert all(b == 0.0 for b in traffic.blends)
     finally:
-        _Stuck.release.set()
-        worker.join(60)
-    assert not worker.is_alive()
+        twins.worker.stop(timeout_s=0.5)  # asked, then terminated: no child left
+    assert _gone(pid)
+
+
+def test_a_dead_twins_process_leaves_the_arm_at_zero_reported_and_restarted():
+    arm = _arm()
+    twins = GatewayTwins([arm], G, B, config=CFG, start=1.0)
+    traffic = Traffic([arm], twins)
+    twins.worker.backoff_s = (0.2,)  # one restart, then off
+    twins.start()
+    try:
+        twins.worker.run_once()
+        first = twins.worker.pid
+        assert twins.weight(LABEL) == 1.0 and twins.worker.status()["state"] == "running"
+        states = []
+        for pid in (first, None):
+            pid = twins.worker.pid
+            os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 30
+            while twins.worker.status()["state"] == "running" and time.monotonic() < deadline:
+                traffic.step()
+                twins.worker.pump(force=True)
+                time.sleep(0.005)
+            states.append(twins.worker.status())
+            assert twins.weight(LABEL) == 0.0 and twins.stats()[LABEL]["twin_weight"] == 0.0
+            traffic.step()  # serving on, at w = 0
+            assert traffic.blends[-1] == 0.0
+            while twins.worker.pid is None and time.monotonic() < deadline and pid == first:
+                traffic.step()
+                twins.worker.pump(force=True)
+                time.sleep(0.005)
+            if pid == first:  # the restart: a new child, the twin rebuilt at its start
+                twins.worker.run_once()
+                assert twins.worker.pid not in (None, first)
+                assert twins.weight(LABEL) == 1.0
+        assert [s["state"] for s in states] == ["restarting", "off"]
+        assert states[1]["exit_codes"] == [-9, -9] and states[1]["restarts"] == 1
+        assert _gone(first)
+        m = GatewayMetrics()
+        m.twins(twins.stats(), twins.worker.cpu_s, None, twins.worker.status())
+        text = generate_latest(m.registry).decode()
+        assert "balanceroute_gateway_twin_process_up 0.0" in text
+        assert f'balanceroute_gateway_twin_weight{{arm="{LABEL}"}} 0.0' in text
+    finally:
+        twins.stop()
+
+
+def test_stopping_the_twins_leaves_no_child():
+    twins = GatewayTwins([_arm()], G, B, config=CFG)
+    twins.start()
+    pid = twins.worker.pid
+    assert pid is not None and not _gone(pid)
+    twins.stop()
+    assert _gone(pid) and twins.worker.status()["state"] == "stopped"
 
 
 def test_the_switchback_and_the_twin_agree_or_not():
@@ -222,9 +282,10 @@ def test_a_model_with_a_prior_for_this_group_starts_its_twin_there_and_another_s
             traffic.step()
 
         asyncio.run(one())
-        twins.worker.run_once()  # the twin is made from the prior
+        twins.worker.run_once()  # the twin is made from the prior, in the child
         job = twins.channel.job(LABEL)
-        assert isinstance(job, LiveTwin)
+        twins.stop()
+        assert job is not None
         started[name] = (started[name], job.weight, traffic.blends[-1])
     assert started == {"here": (1.0, 1.0, 1.0), "other": (0.0, 0.0, 0.0)}
 
@@ -251,11 +312,10 @@ def test_twins_off_route_at_the_start_weight_and_replay_nothing():
     traffic = Traffic(arms, twins)
     for _ in range(400):
         traffic.step()
-        twins.worker.run_once()
     assert twins.channel.jobs == {} and twins.comparison() is None
     assert twins.channel.order.numbered == 0 and not twins.feed.events  # nothing fed
     twins.start()
-    assert twins.worker.thread is None  # no thread in the process
+    assert twins.worker.proc is None  # no child process
     assert twins.stats()[LABEL]["twin_decisions"] == 0
     assert {b for b in traffic.blends if b is not None} == {0.0}
     assert twins.weight(LABEL) == 0.0

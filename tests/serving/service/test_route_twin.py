@@ -1,8 +1,10 @@
 """The live twin of /v1/route: requests seen across calls (arrivals, finishes, drops), numbered
-in arrival order, the twin advancing in its worker and the routing path never waiting for it."""
+in arrival order, the twin advancing in its child process and the routing path never waiting
+for it."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -10,8 +12,7 @@ import numpy as np
 import pytest
 
 from balanceroute.predict.survival import SurvivalEstimator
-from balanceroute.router.lab.twin import TwinGroup
-from balanceroute.router.lab.twin_live import LiveTwin
+from balanceroute.router.lab.twin import TwinConfig, TwinGroup
 from balanceroute.router.lab.twin_prior import attach_priors
 from balanceroute.router.policies.specs import RouterSpec
 from balanceroute.serving.service.route_schemas import RouteRequest
@@ -19,6 +20,7 @@ from balanceroute.serving.service.snapshot import decide
 from balanceroute.serving.service.twin_cache import JOB, RouteTwins
 from tests.router.helpers import frame
 from tests.router.test_twin_prior import _prior
+from tests.router.twin_jobs import RecordingMaker, StuckMaker
 from tests.serving.service.helpers import Server, post
 
 G, B = 2, 4
@@ -115,25 +117,24 @@ class Dispatcher:
 def test_requests_are_numbered_in_arrival_order_with_their_output_lengths_and_the_twin_decides():
     twins = RouteTwins()
     d = Dispatcher(twins)
-    collected = []
-    for _ in range(420):
-        d.call()
-        twins.worker.run_once()  # the worker's pass, in this thread: deterministic
-        job = twins._streams[("a", "brh")].channel.job(JOB)
-        assert isinstance(job, LiveTwin)
-        collected.extend(p for p in job.twin.parts)
+    d.call()
     stream = twins._streams[("a", "brh")]
-    job = stream.channel.job(JOB)
-    stats = job.stats()
+    group = TwinGroup(RouterSpec("brh", None, {"horizon": 8}), G, B)
+    stream.channel.add(JOB, RecordingMaker(group, d.est, twins.config), d.lock)  # reports its rows
+    try:
+        for _ in range(420):
+            d.call()
+            twins.worker.run_once()  # a pass of the child, its report read: deterministic
+        job = stream.channel.job(JOB)
+        stats = job.stats()
+    finally:
+        twins.stop()
     assert stats["twin_decisions"] >= 2  # blocks judged from the calls alone
     assert stats["twin_lag_blocks"] <= 2
     # every numbered request is a finished one, with its true output length, in arrival order
     order = stream.channel.order
     assert order.dropped >= 1  # the clients that gave up were never numbered
-    seen: dict[int, int] = {}
-    for part in collected:
-        for i, out in zip(part.index.tolist(), part.output_tokens.tolist(), strict=True):
-            seen[i] = out
+    seen = dict(stats["fed"])
     truth = [d.output[f"p{n}"] for n in range(d.next_id) if f"p{n}" not in d.given_up]
     numbered = sorted(seen)
     assert numbered == list(range(numbered[0], numbered[-1] + 1))  # dense
@@ -147,50 +148,31 @@ def test_requests_are_numbered_in_arrival_order_with_their_output_lengths_and_th
     assert twins.stats() == []
 
 
-class _Stuck(LiveTwin):
-    """A twin whose step waits until released: the worker is busy inside a step."""
-
-    entered = threading.Event()
-    release = threading.Event()
-
-    def step(self) -> int:
-        _Stuck.entered.set()
-        _Stuck.release.wait(60)
-        return super().step()
-
-
-def test_routing_never_waits_for_a_twin_stuck_in_a_step():
-    twins = RouteTwins()
+def test_routing_never_waits_for_a_twin_stuck_in_a_step(tmp_path):
+    twins = RouteTwins(TwinConfig(cpu_share=None))
     d = Dispatcher(twins, seed=1)
+    twins.run()
     d.call()
     channel = twins._streams[("a", "brh")].channel
-    channel.pending.clear()
+    marker = tmp_path / "stepping"
     group = TwinGroup(RouterSpec("brh", None, {"horizon": 8}), G, B)
-    channel.add(JOB, lambda: _Stuck(group, d.est))
-    worker = threading.Thread(target=_loop_until_released, args=(twins,), daemon=True)
-    worker.start()
+    channel.add(JOB, StuckMaker(group, d.est, TwinConfig(), str(marker)), d.lock)
     try:
-        for _ in range(3000):  # until a block is complete: the worker steps and sticks
+        deadline = time.monotonic() + 60
+        while not marker.exists() and time.monotonic() < deadline:  # the child steps, sticks
             d.call()
-            if _Stuck.entered.is_set():
-                break
-        assert _Stuck.entered.is_set()
+            time.sleep(0.001)
+        pid = twins.worker.pid
+        assert pid is not None and marker.read_text() == str(pid) and pid != os.getpid()
         calls = d.k
-        for _ in range(50):  # the worker is inside a step: routing goes on at the weight
+        for _ in range(50):  # the child is inside a step: routing goes on at the weight
             d.call()
         assert d.k == calls + 50
-        assert channel.feed.events  # the calls' events wait in the feed, unprocessed
         assert all(w == 0.0 for w in d.weights)
     finally:
-        _Stuck.release.set()
-        worker.join(60)
-    assert not worker.is_alive()
-
-
-def _loop_until_released(twins: RouteTwins) -> None:
-    while not _Stuck.release.is_set():
-        if not twins.worker.run_once():
-            twins.worker.stopping.wait(0.002)
+        twins.worker.stop(timeout_s=0.5)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # no child left
 
 
 @pytest.mark.server
@@ -251,5 +233,6 @@ def test_a_model_with_a_prior_for_the_callers_group_routes_at_its_weight_from_th
         d.call()
         twins.worker.run_once()
     job = twins._streams[("a", "brh")].channel.job(JOB)
-    assert isinstance(job, LiveTwin) and job.weight == expected
+    twins.stop()
+    assert job is not None and job.weight == expected
     assert d.weights == [expected] * 5

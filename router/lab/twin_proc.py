@@ -26,6 +26,7 @@ terminated, then killed): no orphan.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing as mp
 import os
@@ -39,7 +40,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from multiprocessing import forkserver
 from typing import Any
 
 from balanceroute.predict.base import CompletionEstimator
@@ -180,90 +180,95 @@ class Wire:
 # ---- the child -----------------------------------------------------------------------------
 def _child_main(sock: socket.socket, cpu_share: float | None, nice: int, poll_s: float) -> None:
     """The child's life: read the parent's frames (a reader thread, so the socket never fills
-    while a step runs), service the channels under the CPU cap, report."""
+    while a step runs), service the channels under the CPU cap, report; until asked to stop
+    or the parent is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the program's Ctrl-C is the program's
     if nice > 0:
-        try:
+        with contextlib.suppress(OSError):
             os.nice(nice)
-        except OSError:
-            pass
-    cpu0, started = time.process_time(), time.monotonic()
-    worker = TwinWorker(poll_s=poll_s, cpu_share=cpu_share)
-    worker.started = started
-    wire = Wire(sock)
-    inbox: deque[Any] = deque()
-    wake = threading.Event()
-    eof = threading.Event()
+    _Child(sock, cpu_share, poll_s).run()
 
-    def read() -> None:
-        reader = Wire(sock)
+
+class _Child:
+    """The twins' process: the worker's channels by id, fed by the parent's frames."""
+
+    def __init__(self, sock: socket.socket, cpu_share: float | None, poll_s: float) -> None:
+        self.sock, self.poll_s = sock, poll_s
+        self.cpu0 = time.process_time()
+        self.worker = TwinWorker(poll_s=poll_s, cpu_share=cpu_share)
+        self.worker.started = time.monotonic()  # the cap's clock: the child's life
+        self.wire = Wire(sock)
+        self.inbox: deque[Any] = deque()
+        self.wake = threading.Event()
+        self.eof = threading.Event()
+        self.channels: dict[int, Channel] = {}
+        self.ack: Any = None
+        self.stopping = False
+
+    def _read(self) -> None:
+        reader = Wire(self.sock)
         while not reader.closed:
-            frames = reader.receive(wait_s=None)
-            inbox.extend(frames)
-            wake.set()
-        eof.set()
-        wake.set()
+            self.inbox.extend(reader.receive(wait_s=None))
+            self.wake.set()
+        self.eof.set()
+        self.wake.set()
 
-    threading.Thread(target=read, name="balanceroute-twin-reader", daemon=True).start()
-    channels: dict[int, Channel] = {}
-    ack, last_report, busy, stopping = None, 0.0, False, False
-    while True:
-        if not busy:
-            wake.wait(poll_s)
-        wake.clear()
-        changed = False
-        while inbox:
-            msg = inbox.popleft()
-            changed = True
-            kind = msg[0]
-            if kind == "feed":
-                _, cid, events, iteration = msg
-                ch = channels.get(cid)
-                if ch is not None:
-                    ch.feed.events.extend(events)
-                    ch.feed.iteration = max(ch.feed.iteration, iteration)
-            elif kind == "open":
-                _, cid, max_pending, head = msg
-                ch = worker.channels[cid] = channels[cid] = Channel(max_pending)
-                ch.order.head = head
-            elif kind == "close":
-                channels.pop(msg[1], None)
-                worker.channels.pop(msg[1], None)
-            elif kind == "add":
-                _, cid, name, data = msg
-                ch = channels.get(cid)
-                if ch is not None:
-                    _add(ch, name, data)
-            elif kind == "remove":
-                ch = channels.get(msg[1])
-                if ch is not None:
-                    ch.remove(msg[2])
-            elif kind == "pass":  # one pass now, whatever the cap (tests)
-                worker.run_once(True)
-                ack = msg[1]
-            elif kind == "stop":
-                stopping = True
-        if eof.is_set() and not inbox:
-            stopping = True
-        may = worker.may_step(time.monotonic())
-        worker.capped_passes += not may
-        stepped = worker.run_once(may)
-        busy = stepped and not stopping
-        worker.cpu_s = time.process_time() - cpu0
-        now = time.monotonic()
-        due = IDLE_REPORT_S if not (changed or stepped) else REPORT_S
-        if stopping or ack is not None or stepped or now - last_report >= due:
-            wire.flush()
-            if not wire.out:  # the last report was taken: a newer one replaces nothing
-                wire.send(("state", _report(worker, channels, ack)))
-                ack, last_report = None, now
-        if stopping:
-            sock.settimeout(5.0)
-            try:
-                sock.sendall(bytes(wire.out))
-            except OSError:
-                pass
-            return
+    def handle(self, msg: tuple[Any, ...]) -> None:
+        """One frame of the parent's."""
+        kind, channels = msg[0], self.channels
+        if kind == "feed":
+            _, cid, events, iteration = msg
+            ch = channels.get(cid)
+            if ch is not None:
+                ch.feed.events.extend(events)
+                ch.feed.iteration = max(ch.feed.iteration, iteration)
+        elif kind == "open":
+            _, cid, max_pending, head = msg
+            ch = self.worker.channels[cid] = channels[cid] = Channel(max_pending)
+            ch.order.head = head
+        elif kind == "close":
+            channels.pop(msg[1], None)
+            self.worker.channels.pop(msg[1], None)
+        elif kind == "add" and msg[1] in channels:
+            _add(channels[msg[1]], msg[2], msg[3])
+        elif kind == "remove" and msg[1] in channels:
+            channels[msg[1]].remove(msg[2])
+        elif kind == "pass":  # one pass now, whatever the cap (tests)
+            self.worker.run_once(True)
+            self.ack = msg[1]
+        elif kind == "stop":
+            self.stopping = True
+
+    def run(self) -> None:
+        threading.Thread(target=self._read, name="balanceroute-twin-reader", daemon=True).start()
+        worker, wire = self.worker, self.wire
+        last_report, busy = 0.0, False
+        while True:
+            if not busy:
+                self.wake.wait(self.poll_s)
+            self.wake.clear()
+            changed = bool(self.inbox)
+            while self.inbox:
+                self.handle(self.inbox.popleft())
+            if self.eof.is_set() and not self.inbox:
+                self.stopping = True
+            may = worker.may_step(time.monotonic())
+            worker.capped_passes += not may
+            stepped = worker.run_once(may)
+            busy = stepped and not self.stopping
+            worker.cpu_s = time.process_time() - self.cpu0  # the child's whole CPU: the cap's
+            now = time.monotonic()
+            due = IDLE_REPORT_S if not (changed or stepped) else REPORT_S
+            if self.stopping or self.ack is not None or stepped or now - last_report >= due:
+                wire.flush()
+                if not wire.out:  # the last report was taken: send the newest
+                    wire.send(("state", _report(worker, self.channels, self.ack)))
+                    self.ack, last_report = None, now
+            if self.stopping:
+                self.sock.settimeout(5.0)
+                with contextlib.suppress(OSError):
+                    self.sock.sendall(bytes(wire.out))
+                return
 
 
 def _add(ch: Channel, name: str, data: bytes) -> None:
@@ -433,15 +438,12 @@ class TwinProcess:
 
     def start(self) -> None:
         """Start the twins: the child at once if there are jobs (the program is starting),
-        else its fork server (a later child, started with the first job, starts quickly)."""
+        else with the first job (no job, no child nor fork server)."""
         self.started = True
-        ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(_PRELOAD)
+        mp.get_context("forkserver").set_forkserver_preload(_PRELOAD)
         with self.lock:
             if self._has_jobs():
                 self._install(*self._spawn())
-            else:
-                forkserver.ensure_running()
 
     def pump(self, force: bool = False) -> None:
         """Send the feeds' new events and the pending jobs, read the child's reports, watch

@@ -195,7 +195,8 @@ class GatewayTwins:
 
     def feed_stats(self) -> dict[str, Any]:
         """The feed's counts, the twins' process: its CPU (every child so far), passes the cap
-        held back, and its state (running, restarting after a death, off, stopped)."""
+        held back, and its state (running, idle with no job, restarting after a death, off after
+        too many, stopped; disabled: ``--no-twins``)."""
         return {**self.channel.order.stats(), "worker_cpu_s": round(self.worker.cpu_s, 4),
                 "worker_capped_passes": self.worker.capped_passes,
-                "twin_process": self.worker.status()}  # fmt: skip
+                "twin_process": self.worker.status() if self.enabled else {"state": "disabled"}}  # fmt: skip

@@ -51,7 +51,9 @@ class Stuck(LiveTwin):
     marker = ""
 
     def step(self) -> int:
-        Path(self.marker).write_text(str(os.getpid()))
+        part = Path(f"{self.marker}.part")
+        part.write_text(str(os.getpid()))
+        part.rename(self.marker)  # whole when seen
         time.sleep(600)
         return super().step()
 

@@ -3,14 +3,14 @@
 A twin's replays are CPU-bound Python: in a thread of the gateway they hold its GIL for tens to
 hundreds of milliseconds a step and, on a loaded machine, stall its event loop for seconds
 (docs/results.md, "The live twin and the gateway's event loop"). Here they run in a child
-process (:class:`TwinProcess`, started with ``forkserver``: the gateway has threads) that holds
-the :class:`~.twin_live.TwinWorker`'s channels and jobs. The parent keeps the routing side's
+process (:class:`TwinProcess`, started with ``forkserver``: the gateway has threads;
+:mod:`.twin_child`) that holds the :class:`~.twin_live.TwinWorker`'s channels and jobs. The parent keeps the routing side's
 half: per channel a :class:`~.twin_feed.TwinFeed` (arrivals, finishes, drops appended to a
 deque, the iteration clock) and the last state the child reported (each job's weight and
 stats, the feed's counts, the child's CPU). :meth:`TwinProcess.pump`, called by the program
 on its own thread every :data:`PUMP_S` or so (the gateway's tick, the service's calls), sends
 the new events as one frame and reads the child's reports, both without blocking: frames go
-over a socket pair with ``MSG_DONTWAIT`` and a bounded send buffer, so a child inside a long
+over a socket pair with ``MSG_DONTWAIT`` and a bounded send buffer (:mod:`.twin_wire`), so a child inside a long
 step (or stopped) costs the parent nothing but buffered bytes. There is no thread in the
 parent (a waking thread is itself what stalled the loop under load).
 
@@ -26,278 +26,30 @@ terminated, then killed): no orphan.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import multiprocessing as mp
-import os
 import pickle
-import select
-import signal
 import socket
-import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from collections.abc import Hashable
 from typing import Any
 
-from balanceroute.predict.base import CompletionEstimator
-from balanceroute.router.lab.twin import SequentialTest, TwinConfig, TwinGroup
-from balanceroute.router.lab.twin_compare import ArmComparison, ComparedArm
+from balanceroute.router.lab.twin_child import ComparisonMaker, Maker, TwinMaker, child_main
 from balanceroute.router.lab.twin_feed import TwinFeed
-from balanceroute.router.lab.twin_live import NICE, POLL_S, Channel, LiveTwin, TwinJob, TwinWorker
+from balanceroute.router.lab.twin_live import NICE, POLL_S
+from balanceroute.router.lab.twin_wire import Wire
+
+__all__ = ["ComparisonMaker", "TwinMaker", "TwinProcess"]
 
 log = logging.getLogger("balanceroute.twin")
 PUMP_S = 0.05  # the parent sends events and reads reports at most this often
-REPORT_S = 0.25  # the child reports at most this often (and after every step)
-IDLE_REPORT_S = 1.0  # ... and at least this often (its CPU)
 MAX_BUFFER = 16 << 20  # bytes the parent holds for a child that does not read: then it is ended
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0)  # waits before each restart; then the twins stay off
-HEADER = struct.Struct("<I")
 _PRELOAD = ["balanceroute.router.lab.twin_proc"]
 
 
-# ---- the jobs' factories (pickled to the child) ------------------------------------------
-@dataclass(slots=True)
-class TwinMaker:
-    """A :class:`LiveTwin` on a model copy, built in the child."""
-
-    group: TwinGroup
-    model: CompletionEstimator | None
-    config: TwinConfig
-    start: float | SequentialTest | None = None
-
-    def __call__(self, channel: Channel) -> TwinJob:
-        return LiveTwin(self.group, self.model, self.config, start=self.start)
-
-
-@dataclass(slots=True)
-class _SiblingWeight:
-    """A driven arm's live weight in the child: its twin's on the same channel, else its
-    start weight."""
-
-    channel: Channel
-    label: str
-    fallback: float
-
-    def __call__(self) -> float:
-        job = self.channel.job(self.label)
-        return self.fallback if job is None else float(job.weight)  # type: ignore[attr-defined]
-
-
-@dataclass(slots=True)
-class ComparisonMaker:
-    """The arms' counterfactual A/B, built in the child: ``arms`` are (label, spec, model
-    copy, start weight if a twin drives it else None)."""
-
-    arms: list[tuple[str, Any, CompletionEstimator | None, float | None]]
-    group: TwinGroup
-    config: TwinConfig
-
-    def __call__(self, channel: Channel) -> TwinJob:
-        compared = [
-            ComparedArm(label, spec, model,
-                        None if w is None else _SiblingWeight(channel, label, w))
-            for label, spec, model, w in self.arms
-        ]  # fmt: skip
-        return ArmComparison(compared, self.group, self.config)
-
-
-Maker = Callable[[Channel], TwinJob]
-
-
-# ---- the wire ------------------------------------------------------------------------------
-class Wire:
-    """Length-prefixed pickled frames over one end of a socket pair; ``send`` and
-    ``receive`` never wait (``MSG_DONTWAIT``): what the socket does not take stays buffered."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.out = bytearray()
-        self.inb = bytearray()
-        self.closed = False
-
-    def send(self, obj: Any) -> None:
-        self.send_bytes(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
-
-    def send_bytes(self, data: bytes) -> None:
-        self.out += HEADER.pack(len(data))
-        self.out += data
-        self.flush()
-
-    def flush(self) -> None:
-        """Write what the socket takes now."""
-        while self.out and not self.closed:
-            try:
-                n = self.sock.send(self.out, socket.MSG_DONTWAIT)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
-                self.closed = True
-                return
-            del self.out[:n]
-
-    def receive(self, wait_s: float | None = 0.0) -> list[Any]:
-        """The complete frames that arrived (waiting up to ``wait_s`` for the first bytes;
-        None: until some come or the peer closes)."""
-        if wait_s != 0.0 and not self.closed:
-            try:
-                select.select([self.sock], [], [], wait_s)
-            except (OSError, ValueError):
-                self.closed = True
-        while not self.closed:
-            try:
-                chunk = self.sock.recv(1 << 16, socket.MSG_DONTWAIT)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
-                self.closed = True
-                break
-            if not self._got(chunk):
-                break
-        return self._frames()
-
-    def _got(self, chunk: bytes) -> bool:
-        if not chunk:
-            self.closed = True
-            return False
-        self.inb += chunk
-        return True
-
-    def _frames(self) -> list[Any]:
-        out, buf, at = [], self.inb, 0
-        while len(buf) - at >= HEADER.size:
-            (n,) = HEADER.unpack_from(buf, at)
-            if len(buf) - at - HEADER.size < n:
-                break
-            out.append(pickle.loads(bytes(buf[at + HEADER.size : at + HEADER.size + n])))
-            at += HEADER.size + n
-        del buf[:at]
-        return out
-
-
-# ---- the child -----------------------------------------------------------------------------
-def _child_main(sock: socket.socket, cpu_share: float | None, nice: int, poll_s: float) -> None:
-    """The child's life: read the parent's frames (a reader thread, so the socket never fills
-    while a step runs), service the channels under the CPU cap, report; until asked to stop
-    or the parent is gone."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the program's Ctrl-C is the program's
-    if nice > 0:
-        with contextlib.suppress(OSError):
-            os.nice(nice)
-    _Child(sock, cpu_share, poll_s).run()
-
-
-class _Child:
-    """The twins' process: the worker's channels by id, fed by the parent's frames."""
-
-    def __init__(self, sock: socket.socket, cpu_share: float | None, poll_s: float) -> None:
-        self.sock, self.poll_s = sock, poll_s
-        self.cpu0 = time.process_time()
-        self.worker = TwinWorker(poll_s=poll_s, cpu_share=cpu_share)
-        self.worker.started = time.monotonic()  # the cap's clock: the child's life
-        self.wire = Wire(sock)
-        self.inbox: deque[Any] = deque()
-        self.wake = threading.Event()
-        self.eof = threading.Event()
-        self.channels: dict[int, Channel] = {}
-        self.ack: Any = None
-        self.stopping = False
-
-    def _read(self) -> None:
-        reader = Wire(self.sock)
-        while not reader.closed:
-            self.inbox.extend(reader.receive(wait_s=None))
-            self.wake.set()
-        self.eof.set()
-        self.wake.set()
-
-    def handle(self, msg: tuple[Any, ...]) -> None:
-        """One frame of the parent's."""
-        kind, channels = msg[0], self.channels
-        if kind == "feed":
-            _, cid, events, iteration = msg
-            ch = channels.get(cid)
-            if ch is not None:
-                ch.feed.events.extend(events)
-                ch.feed.iteration = max(ch.feed.iteration, iteration)
-        elif kind == "open":
-            _, cid, max_pending, head = msg
-            ch = self.worker.channels[cid] = channels[cid] = Channel(max_pending)
-            ch.order.head = head
-        elif kind == "close":
-            channels.pop(msg[1], None)
-            self.worker.channels.pop(msg[1], None)
-        elif kind == "add" and msg[1] in channels:
-            _add(channels[msg[1]], msg[2], msg[3])
-        elif kind == "remove" and msg[1] in channels:
-            channels[msg[1]].remove(msg[2])
-        elif kind == "pass":  # one pass now, whatever the cap (tests)
-            self.worker.run_once(True)
-            self.ack = msg[1]
-        elif kind == "stop":
-            self.stopping = True
-
-    def run(self) -> None:
-        threading.Thread(target=self._read, name="balanceroute-twin-reader", daemon=True).start()
-        worker, wire = self.worker, self.wire
-        last_report, busy = 0.0, False
-        while True:
-            if not busy:
-                self.wake.wait(self.poll_s)
-            self.wake.clear()
-            changed = bool(self.inbox)
-            while self.inbox:
-                self.handle(self.inbox.popleft())
-            if self.eof.is_set() and not self.inbox:
-                self.stopping = True
-            may = worker.may_step(time.monotonic())
-            worker.capped_passes += not may
-            stepped = worker.run_once(may)
-            busy = stepped and not self.stopping
-            worker.cpu_s = time.process_time() - self.cpu0  # the child's whole CPU: the cap's
-            now = time.monotonic()
-            due = IDLE_REPORT_S if not (changed or stepped) else REPORT_S
-            if self.stopping or self.ack is not None or stepped or now - last_report >= due:
-                wire.flush()
-                if not wire.out:  # the last report was taken: send the newest
-                    wire.send(("state", _report(worker, self.channels, self.ack)))
-                    self.ack, last_report = None, now
-            if self.stopping:
-                self.sock.settimeout(5.0)
-                with contextlib.suppress(OSError):
-                    self.sock.sendall(bytes(wire.out))
-                return
-
-
-def _add(ch: Channel, name: str, data: bytes) -> None:
-    """A job from its pickled factory (a factory that does not load is the job's error)."""
-    try:
-        maker = pickle.loads(data)
-    except Exception as exc:
-        log.exception("twin %s could not be loaded", name)
-        ch.pending.append((name, None))
-        ch.errors[name] = f"{type(exc).__name__}: {exc}"
-        return
-    ch.add(name, lambda: maker(ch))
-
-
-def _report(worker: TwinWorker, channels: dict[int, Channel], ack: Any) -> dict[str, Any]:
-    """What the parent shows: every job's weight and stats, errors, the feed's counts."""
-    rows = {}
-    for cid, ch in channels.items():
-        jobs = {name: (getattr(job, "weight", None), job.stats()) for name, job in ch.jobs.items()}
-        order = ch.order
-        counts = {"numbered": order.numbered, "dropped": order.dropped,
-                  "given_up": order.given_up, "late": order.late,
-                  "waiting": len(order.pending)}  # fmt: skip
-        rows[cid] = {"jobs": jobs, "errors": dict(ch.errors), "order": counts}
-    return {"pid": os.getpid(), "cpu_s": worker.cpu_s, "capped": worker.capped_passes,
-            "channels": rows, "ack": ack}  # fmt: skip
-
-
-# ---- the parent ----------------------------------------------------------------------------
 class JobView:
     """A child's job as the parent last saw it: its weight and stats."""
 
@@ -556,7 +308,7 @@ class TwinProcess:
         ctx = mp.get_context("forkserver")
         ours, theirs = socket.socketpair()
         proc = ctx.Process(
-            target=_child_main,
+            target=child_main,
             args=(theirs, self.cpu_share, self.nice, self.poll_s),
             name="balanceroute-twins",
             daemon=True,

@@ -46,6 +46,7 @@ from balanceroute.router.policies.kernels import (
     FALLBACK,
     STAGE1,
     STAGE2,
+    age_bonus,
     br_step,
     compile_kernels,
 )
@@ -466,10 +467,7 @@ class BalanceRoutePolicy(Policy):
         if cfg.age_priority is None or cand.shape[0] == 0:
             return np.zeros(cand.shape[0])
         typical = float(np.median(prompts)) * float(self.weights.sum())
-        passed = state.pool.overtaken(cand).astype(np.float64)
-        if cfg.age_late:
-            passed = np.maximum(0.0, passed - np.arange(cand.shape[0]))
-        return passed * (typical / cfg.age_priority)
+        return age_bonus(state.pool.overtaken(cand), typical / cfg.age_priority, cfg.age_late)
 
 
 class BR0Policy(BalanceRoutePolicy):

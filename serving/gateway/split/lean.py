@@ -48,7 +48,7 @@ class WorkerContext:
         self.settings = settings
         self.channel = channel
         self.upstream_key = upstream_key
-        self.drain = Drain(settings.drain_timeout_s)
+        self.drain = Drain(settings.drain_timeout_s, announce=False)  # the decider's line says it
         self.clock: Callable[[], float] = time.monotonic
         self.session: aiohttp.ClientSession | None = None
 

@@ -39,6 +39,15 @@ from balanceroute.serving.openai.sse import EventSplitter
 MARKERS = re.compile(rb'"finish_reason": ?"|"usage": ?\{|\[DONE\]|"error"')
 
 
+def matters(events: bytes) -> bool:
+    """Whether ``events`` hold one that matters (:data:`MARKERS`), by plain byte searches: the
+    ranks write compact JSON, so the regular expression (its spaced forms) runs only when a
+    ``": `` is there at all; a few times cheaper per relayed piece than the search alone."""
+    return (b'"finish_reason":"' in events or b'"usage":{' in events or b"[DONE]" in events
+            or b'"error"' in events
+            or (b'": ' in events and MARKERS.search(events) is not None))  # fmt: skip
+
+
 class WorkerContext:
     """What a relay worker's requests share: the settings, the upstream session, the drain and
     the line to the decider (the ``gw`` a :class:`Relay` reads)."""
@@ -219,7 +228,7 @@ class LeanRelay(Relay):
                 held = buf
                 continue
             whole, held = buf[: cut + 2], buf[cut + 2 :]
-            if MARKERS.search(whole) is not None:
+            if matters(whole):
                 now = self.life.clock()
                 events = whole.split(b"\n\n")
                 events.pop()

@@ -234,26 +234,28 @@ class EngineCounters:
 
     async def run(self, session: aiohttp.ClientSession, fetch: Fetch | None = None) -> None:
         """Read the counter of every rank with requests running each interval until cancelled
-        (through ``fetch`` when given, the ranks' kept-alive connections; else ``session``)."""
-        timeout = aiohttp.ClientTimeout(total=READ_TIMEOUT_S)
+        (through ``fetch`` when given, the ranks' kept-alive connections; else ``session``),
+        the ranks' reads at once: their answers wake the loop together, not one by one."""
         while True:
-            for g in range(self.group.ranks):
-                if g in self.absent or self.idle(g):
-                    continue
-                try:
-                    if fetch is not None:
-                        status, body = await fetch(g, "/metrics", {}, READ_TIMEOUT_S)
-                        text = body.decode("utf-8", "replace") if status == 200 else ""
-                    else:
-                        async with session.get(self.url_of(g) + "/metrics",
-                                               timeout=timeout) as resp:  # fmt: skip
-                            text = await resp.text() if resp.status == 200 else ""
-                except (aiohttp.ClientError, OSError, TimeoutError):
-                    continue  # health checks deal with a rank that does not answer
-                if not self.read(g, text, self.group.clock_fn()):
-                    log.info("rank %d publishes no step counter: its clock follows the finishes", g)
-                    self.absent.add(g)
+            ranks = [g for g in range(self.group.ranks) if g not in self.absent and not self.idle(g)]
+            if ranks:
+                await asyncio.gather(*(self._read_one(g, session, fetch) for g in ranks))
             await asyncio.sleep(self.interval_s)
+
+    async def _read_one(self, g: int, session: aiohttp.ClientSession, fetch: Fetch | None) -> None:
+        try:
+            if fetch is not None:
+                status, body = await fetch(g, "/metrics", {}, READ_TIMEOUT_S)
+                text = body.decode("utf-8", "replace") if status == 200 else ""
+            else:
+                timeout = aiohttp.ClientTimeout(total=READ_TIMEOUT_S)
+                async with session.get(self.url_of(g) + "/metrics", timeout=timeout) as resp:
+                    text = await resp.text() if resp.status == 200 else ""
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            return  # health checks deal with a rank that does not answer
+        if not self.read(g, text, self.group.clock_fn()):
+            log.info("rank %d publishes no step counter: its clock follows the finishes", g)
+            self.absent.add(g)
 
 
 def engine_steps(text: str, engine: int | None) -> float | None:

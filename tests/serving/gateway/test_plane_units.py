@@ -168,7 +168,7 @@ PIECES = [b'"finish_reason":null', b'"finish_reason":"stop"', b'"finish_reason":
 
 @settings(max_examples=300, deadline=None)
 @given(parts=st.lists(st.sampled_from(PIECES), max_size=12))
-def test_the_byte_searches_find_what_the_markers_find(parts):
+def test_the_quick_marker_search_finds_what_the_expression_finds(parts):
     events = b"".join(parts)
     assert matters(events) == (MARKERS.search(events) is not None)
 

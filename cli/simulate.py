@@ -51,8 +51,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--router", default="count-jsq", choices=policy_names())
     p.add_argument(
         "--estimator",
-        help="completion estimator of brh: none (default), oracle, noisy-oracle, survival, "
-        "exactmatch, gbdt",
+        help="completion estimator of brh: none (default), oracle, noisy-oracle, posterior, "
+        "survival, exactmatch, gbdt, hazard",
     )
     add_alias(p, "--predictor", "--estimator", "estimator")
     p.add_argument(

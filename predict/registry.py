@@ -12,6 +12,7 @@ from balanceroute.predict.hazard import HazardEstimator
 from balanceroute.predict.no_prediction import NoPrediction
 from balanceroute.predict.noisy_oracle import NoisyOracleEstimator
 from balanceroute.predict.oracle import OracleEstimator
+from balanceroute.predict.posterior import PosteriorEstimator
 from balanceroute.predict.survival import SurvivalEstimator
 
 ESTIMATORS: dict[str, type[CompletionEstimator]] = {
@@ -20,6 +21,7 @@ ESTIMATORS: dict[str, type[CompletionEstimator]] = {
         NoPrediction,
         OracleEstimator,
         NoisyOracleEstimator,
+        PosteriorEstimator,
         SurvivalEstimator,
         ExactMatchEstimator,
         GBDTEstimator,

@@ -82,6 +82,25 @@ def fit_gbdt(train: pd.DataFrame, out: Path, prior: bool) -> tuple[Path, dict | 
     return save_estimator(est, out / "gbdt.joblib"), measured
 
 
+def tiled(frame: pd.DataFrame, copies: int) -> pd.DataFrame:
+    """``frame`` replayed ``copies`` times back to back (each copy shifted by the span plus one
+    mean gap, request ids suffixed): a run longer than what the trace holds after ``--train``."""
+    if copies < 1:
+        raise ValueError(f"--repeat must be at least 1, got {copies}")
+    if copies == 1:
+        return frame
+    span = float(frame["arrival_s"].iloc[-1] - frame["arrival_s"].iloc[0])
+    step = span + span / max(1, len(frame) - 1)
+    parts = []
+    for k in range(copies):
+        part = frame.copy()
+        part["arrival_s"] = part["arrival_s"] + k * step
+        if "request_id" in part.columns:
+            part["request_id"] = part["request_id"].astype(str) + f"~{k}"
+        parts.append(part)
+    return pd.concat(parts, ignore_index=True)
+
+
 def start_emulator(ts: float, port_base: int, out: Path) -> tuple[ServerProcess, list[str]]:
     cfg = {
         "ranks": G,
@@ -268,7 +287,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     frame, _ = load_workload(WorkloadSpec(trace=str(DATA / TRACES[args.trace])))
     train = frame.iloc[: args.train]
-    rest = rebased(frame.iloc[args.train :])
+    rest = tiled(rebased(frame.iloc[args.train :]), args.repeat)
     n = len(rest) if args.requests is None else min(len(rest), args.requests)
     rest = rest.iloc[:n]
     replay = write_trace(rest, out / "replay.parquet")
@@ -318,6 +337,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "time_scale": args.time_scale,
         "front": args.front,
         "requests": n,
+        "repeat": args.repeat,
         "train_requests": args.train,
         "window_s": args.window,
         "twin": args.twin,
@@ -369,6 +389,8 @@ def main() -> None:
     p.add_argument("--trace", choices=sorted(TRACES), default="azure")
     p.add_argument("--train", type=int, default=3000)
     p.add_argument("--requests", type=int, help="replayed requests (default: the rest)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="replay the requests after --train this many times back to back")  # fmt: skip
     p.add_argument("--load", type=float, default=1.1)
     p.add_argument("--time-scale", type=float, default=1.0)
     p.add_argument("--window", type=float, default=30.0, help="switchback window, wall s")

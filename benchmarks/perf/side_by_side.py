@@ -20,8 +20,12 @@ end of the bench run), and the machine's load average before and after.
     .venv/bin/python benchmarks/perf/side_by_side.py --out runs/side_by_side > runs/side_by_side.json
     .venv/bin/python benchmarks/perf/side_by_side.py --render runs/side_by_side.json
 
-The data plane's choice (issue 20) in one short run (``--gateway-modes``: ``one``, ``aio1``,
-``aio2``, ``proto1``, ``proto2``, ``inproc``; the gateway arms are named ``gateway[MODE]:ROUTER``)::
+The gateway's layout is ``--gateway-modes`` (default ``inproc``, the gateway's own default:
+``--front protocol``, the Protocol front beside the decider in one process); the others stay for
+comparisons: ``one`` (``--front asgi``, one FastAPI/uvicorn process, arms named
+``gateway:ROUTER``), ``aio1``, ``aio2``, ``proto1``, ``proto2`` (relay worker processes); every
+arm but ``one``'s is named ``gateway[MODE]:ROUTER``. The data plane's choice (issue 20) in one
+short run::
 
     .venv/bin/python benchmarks/perf/side_by_side.py --out runs/plane \
         --gateway-modes aio1,proto1,proto2,inproc --routers count-jsq,brh \
@@ -324,7 +328,9 @@ def main() -> None:
     p.add_argument("--routers", type=lambda t: [x for x in t.split(",") if x],
                    default=list(GATEWAY_ROUTERS))  # fmt: skip
     p.add_argument("--gateway-modes", type=lambda t: [x for x in t.split(",") if x],
-                   default=["one"], help=f"gateway layouts, of {', '.join(GATEWAY_MODES)}")  # fmt: skip
+                   default=["inproc"],
+                   help=f"gateway layouts, of {', '.join(GATEWAY_MODES)} (default: inproc, the "
+                   "gateway's default --front protocol)")  # fmt: skip
     p.add_argument("--sglang-policies", type=lambda t: [x for x in t.split(",") if x],
                    default=list(SGLANG_POLICIES))  # fmt: skip
     p.add_argument("--vllm-policies", type=lambda t: [x for x in t.split(",") if x],

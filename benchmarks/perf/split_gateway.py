@@ -5,6 +5,8 @@ For each shared trace and emulator time scale, the same requests (``--requests``
 replayed by ``balanceroute bench`` through ``balanceroute gateway`` in each mode (``single``: the
 one-process gateway; ``relayN``: ``--relay-workers N``), with ``count-jsq`` and ``brh``, each
 against a fresh ``balanceroute emulate`` group; and once straight to the ranks (round-robin).
+``pfront`` and ``asgi`` name the one-process gateway's front (``--front protocol``, the default
+``single`` runs too, or ``--front asgi``, the front before it).
 ``--modes ...,nginx`` adds Debian's nginx as a round-robin proxy (one worker, unbuffered): what a
 compiled data plane costs per token, without any admission.
 Per run:
@@ -82,13 +84,19 @@ PROFILED = (
 )
 
 
+FRONTS = {"pfront": "protocol", "asgi": "asgi"}  # one process with that front, named
+
+
 def mode_args(mode: str) -> list[str]:
-    """The gateway flags of a mode: ``single`` or ``relayN`` (``nginx``: no gateway)."""
+    """The gateway flags of a mode: ``single`` (the default front, now Protocol), ``pfront``
+    (``--front protocol``), ``asgi`` (``--front asgi``) or ``relayN`` (``nginx``: no gateway)."""
     if mode in ("single", "nginx"):
         return []
+    if mode in FRONTS:
+        return ["--front", FRONTS[mode]]
     if mode.startswith("relay") and mode[5:].isdigit():
         return ["--relay-workers", mode[5:]]
-    raise SystemExit(f"unknown mode {mode!r}: single or relayN")
+    raise SystemExit(f"unknown mode {mode!r}: single, pfront, asgi or relayN")
 
 
 def start_gateway(urls: list[str], extra: list[str], out_dir: Path,

@@ -278,8 +278,7 @@ def measure_folds(
             upper=(1.0,) * k,
             windows=0,
             overlap=0.0,
-            note=f"the holdout's {largest} requests are fewer than one block of {size}: no "
-            "evidence",
+            note=f"{_short(len(parts), largest)} fewer than one block of {size}: no evidence",
             **common,
         )
     metric = np.vstack([p.metric for p in used])
@@ -289,6 +288,13 @@ def measure_folds(
     skipped = len(parts) - len(used)
     note = f"{skipped} fold(s) shorter than a block of {size} gave no windows" if skipped else ""
     return replace(judged(metric, twin, overlap, windows, common), note=note)
+
+
+def _short(folds: int, largest: int) -> str:
+    """Whose requests fell short of a block: the holdout's (one fold) or each fold's."""
+    if folds == 1:
+        return f"the holdout's {largest} requests are"
+    return f"each of the {folds} cross-fitted folds holds at most {largest} requests,"
 
 
 def fold_windows(

@@ -77,11 +77,12 @@ class BalanceRouteConfig:
         default=1024, metadata={"help": "admit first once this many later requests passed"}
     )
     age_priority: float | None = field(
-        default=12.0,
+        default=6.0,
         metadata={
             "help": "age priority: a waiting request's score gains one typical waiting prompt "
             "(as scored filling a margin) for every this many later admissions that passed it "
-            "(None: off)"
+            "(None: off); with age_late, only admissions after first-come first-served would "
+            "have admitted it count"
         },
     )
     max_wait_s: float | None = field(
@@ -89,6 +90,14 @@ class BalanceRouteConfig:
     )
     max_wait_iters: int | None = field(
         default=None, metadata={"help": "admit first after waiting this many iterations"}
+    )
+    age_late: bool = field(
+        default=True,
+        metadata={
+            "help": "count only the admissions that passed a request after first-come "
+            "first-served would have admitted it (passed minus the older requests still "
+            "waiting): its lateness against count-jsq's order"
+        },
     )
     kv_capacity: float | None = field(
         default=None, metadata={"help": "per-worker KV token capacity over the horizon"}

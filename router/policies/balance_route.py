@@ -46,6 +46,7 @@ from balanceroute.router.policies.kernels import (
     FALLBACK,
     STAGE1,
     STAGE2,
+    age_bonus,
     br_step,
     compile_kernels,
 )
@@ -456,14 +457,17 @@ class BalanceRoutePolicy(Policy):
 
     def _age_bonus(self, state: RouterState, cand: np.ndarray, prompts: np.ndarray) -> np.ndarray:
         """The age priority: a candidate's score bonus, one typical waiting prompt (scored as
-        filling a margin) per ``age_priority`` later admissions that passed it. The pool's
-        smallest prompts are the ones overtaken (a larger prompt that fits fills a margin
-        better), and they cost the least to admit early (docs/design.md, "The queueing tail")."""
-        every = self.config.age_priority
-        if every is None or cand.shape[0] == 0:
+        filling a margin) per ``age_priority`` later admissions that passed it, counted with
+        ``age_late`` only once first-come first-served would have admitted it (passes minus
+        the older requests still waiting: the candidates are the pool's head, in order). The
+        pool's smallest prompts are the ones passed (a larger prompt that fits fills a margin
+        better), and they cost the least to admit early (docs/design.md, "The queueing
+        tail")."""
+        cfg = self.config
+        if cfg.age_priority is None or cand.shape[0] == 0:
             return np.zeros(cand.shape[0])
         typical = float(np.median(prompts)) * float(self.weights.sum())
-        return state.pool.overtaken(cand) * (typical / every)
+        return age_bonus(state.pool.overtaken(cand), typical / cfg.age_priority, cfg.age_late)
 
 
 class BR0Policy(BalanceRoutePolicy):

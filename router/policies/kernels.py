@@ -267,6 +267,18 @@ def br_step(
     return out_i[:done], out_g[:done]
 
 
+@njit(cache=True, nogil=True)
+def age_bonus(passed, scale, late):
+    """The age priority's score bonus per candidate (the pool's head, in order): ``scale`` per
+    later admission that passed it, with ``late`` only those beyond its index in the pool
+    (the older requests still waiting), never below 0."""
+    out = np.empty(passed.shape[0])
+    for j in range(passed.shape[0]):
+        v = passed[j] - j if late else passed[j]
+        out[j] = v * scale if v > 0 else 0.0
+    return out
+
+
 def compile_kernels() -> None:
     """Load (or compile) the step and projection kernels now, so the first routing call does
     not pay for it."""
@@ -287,6 +299,7 @@ def compile_kernels() -> None:
         1,
         np.zeros(4, dtype=np.int64),
     )
+    age_bonus(np.zeros(2, dtype=np.int64), 1.0, True)
     projection = LoadProjection(2, 2, 1, 2)
     projection.rebuild_cutoff(
         0, np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64), np.ones(1), np.ones(1)

@@ -23,7 +23,6 @@ wake it and decide at the event loop's next pass.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import deque
@@ -45,6 +44,9 @@ from balanceroute.serving.lifecycle.recent import RecentCompletions
 log = logging.getLogger("balanceroute.gateway")
 STEP_SAMPLES = 100_000
 TICK_SAMPLES = 2_000_000
+# uvloop's timers count whole milliseconds and can fire up to one early: an idle loop that woke
+# just before its sample was due would tick twice for it (twice the wake-ups of a quiet gateway)
+TIMER_SLACK_S = 0.001
 
 
 class Dispatcher:
@@ -77,7 +79,9 @@ class Dispatcher:
         self.step_ns: dict[str, deque[int]] = {a: deque(maxlen=STEP_SAMPLES) for a in self.arms}
         self.violations = 0
         self._scheduled = False
-        self._stirred = asyncio.Event()  # set by wake(): the idle loop's alarm
+        self._alarm: asyncio.Future[bool] | None = None  # the idle loop's, rung by wake()
+        self._late: float | None = None  # how late the loop's last timer ran, seconds
+        self.on_lag: Callable[[float], None] | None = None  # told that with each regular sample
         self._load_gauges = [metrics.load.labels(str(g)) for g in range(group.ranks)]
         self._running_gauges = [metrics.running.labels(str(g)) for g in range(group.ranks)]
         self._fallbacks: dict[str, int] = dict.fromkeys(self.arms, 0)
@@ -100,7 +104,7 @@ class Dispatcher:
         if not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._scheduled_decision)
-        self._stirred.set()
+        self._ring()
 
     def arrived(self) -> None:
         """A request joined the pool: decided now if it waits alone and a slot is free (nothing
@@ -108,10 +112,14 @@ class Dispatcher:
         wait for the event loop's next pass), else at the loop's next pass (:meth:`wake`)."""
         group = self.group
         if group.pool.size == 1 and group.has_free_slot():
-            self._stirred.set()
+            self._ring()
             self.decide()
         else:
             self.wake()
+
+    def _ring(self) -> None:
+        """Wake the idle loop (:meth:`_pause`), if it sleeps."""
+        _ring(self._alarm, False)
 
     def _scheduled_decision(self) -> None:
         self._scheduled = False
@@ -240,15 +248,25 @@ class Dispatcher:
         return bool(group.pool.size or group.departures or group.needs_tick())
 
     async def _pause(self, tick_s: float, next_sample: float) -> None:
-        """One tick when busy; else asleep until woken (:meth:`wake`) or the sample is due."""
+        """One tick when busy; else asleep until woken (:meth:`wake`) or the sample is due (a
+        future and a timer: no task per sleep, as ``wait_for`` would make)."""
         if self._busy():
+            due = self.clock() + tick_s
             await asyncio.sleep(tick_s)
+            self._late = self.clock() - due
             return
-        self._stirred.clear()
         wait = next_sample - self.clock()
-        if wait > 0:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stirred.wait(), wait)
+        if wait <= 0:
+            return
+        loop = asyncio.get_running_loop()
+        self._alarm = alarm = loop.create_future()
+        timer = loop.call_later(wait + TIMER_SLACK_S, _ring, alarm, True)
+        try:
+            if await alarm:  # the timer, not an arrival: how late it ran
+                self._late = self.clock() - next_sample - TIMER_SLACK_S
+        finally:
+            timer.cancel()
+            self._alarm = None
 
     def tick(self, now: float, next_sample: float) -> bool:
         """One pass of the loop at ``now``: a decision if requests wait (or departures do), else
@@ -267,15 +285,20 @@ class Dispatcher:
 
     async def run(self, tick_s: float, sample_s: float | None = None) -> None:
         """The loop (module docstring) until cancelled: decisions every ``tick_s`` while requests
-        wait, a regular sample every ``sample_s`` (``tick_s`` when None)."""
+        wait, a regular sample every ``sample_s`` (``tick_s`` when None); with each regular
+        sample ``on_lag`` hears how late the loop ran the timer that woke it (the gateway's
+        loop-lag sampler, :mod:`.looplag`, without a timer of its own)."""
         every = tick_s if sample_s is None else max(sample_s, tick_s)
         next_sample = self.clock()
         while True:
+            self._late = None
             await self._pause(tick_s, next_sample)
             try:
                 now = self.clock()
                 if self.tick(now, next_sample):
                     next_sample = max(next_sample + every, now)
+                    if self._late is not None and self.on_lag is not None:
+                        self.on_lag(self._late)
             except Exception:  # a bug must not stop the loop that admits every request
                 log.exception("decision tick failed")
 
@@ -304,6 +327,11 @@ def tick_table(ticks: Iterable[tuple[float, int, float, str, bytes]], ranks: int
             "running": pa.ListArray.from_arrays(offsets, pa.array(view[:, ranks:].ravel())),
         }
     )
+
+
+def _ring(alarm: asyncio.Future[bool] | None, timer: bool) -> None:
+    if alarm is not None and not alarm.done():
+        alarm.set_result(timer)
 
 
 def _columns(batch: list[Departure]) -> tuple[np.ndarray, np.ndarray]:

@@ -15,8 +15,9 @@ log = logging.getLogger("balanceroute.gateway")
 class Drain:
     """Whether the gateway is shutting down, and when the drain deadline has passed."""
 
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(self, timeout_s: float, announce: bool = True) -> None:
         self.timeout_s = timeout_s
+        self.announce = announce  # False in a relay worker: the decider logs the one line
         self.draining = False
         self.over = asyncio.Event()
 
@@ -25,5 +26,6 @@ class Drain:
         if self.draining:
             return
         self.draining = True
-        log.warning("shutting down: the streams in flight get %g s to finish", self.timeout_s)
+        if self.announce:
+            log.warning("shutting down: the streams in flight get %g s to finish", self.timeout_s)
         asyncio.get_running_loop().call_later(self.timeout_s, self.over.set)

@@ -3,16 +3,18 @@
 comes back after ``health_rise`` good answers in a row (2), so one slow or missed probe (an
 overloaded engine) never takes a rank, or every rank, out.
 
-A rank in rotation that streamed a token or finished a request since the last round (the
-group's ``heard`` count) is serving: it is not probed that round, so a busy group costs no
-checks; a rank that is quiet, suspect, out or refusing the key is.
+A rank in rotation that streamed a token or finished a request since the last round, or whose
+engine's step counter moved (:class:`~.split.clock.EngineCounters`; the group's ``heard``
+count), is serving: it is not probed that round, so a busy group costs no checks; a rank that is
+quiet, suspect, out or refusing the key is.
 
 A forwarding failure marks its rank suspect at once and checks it without waiting for the next
 round. A rank that refused the gateway's credentials (401/403: a wrong
 ``BALANCEROUTE_UPSTREAM_API_KEY``) looks healthy to ``/health``, which vLLM does not guard, so it
 is checked with ``GET /v1/models`` and the key instead, and stays out, named so in ``/readyz``
 and the log, until it accepts them. In header mode the ranks share one upstream: its health is
-theirs.
+theirs. With ``fetch`` set (the Protocol front's decider) checks go over the ranks' kept-alive
+connections (:meth:`~.plane.upstream.RankPool.get`) instead of the aiohttp session.
 
 A check that timed out more than :data:`LATE_LOOP_S` after its deadline timed out because the
 gateway's own event loop was late (a stall of the process, or of the machine: the answer may have
@@ -29,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -39,6 +41,8 @@ from balanceroute.serving.gateway.settings import GatewaySettings
 from balanceroute.serving.gateway.state import LiveGroup
 
 log = logging.getLogger("balanceroute.gateway")
+# GET of a rank's path: (rank, path, headers, timeout_s) -> (status, body)
+Fetch = Callable[[int, str, dict[str, str], float], Awaitable[tuple[int, bytes]]]
 CHECK_TIMEOUT_S = 2.0
 LATE_LOOP_S = 0.25  # a timeout that fired this late past its deadline says the loop stalled
 
@@ -58,6 +62,7 @@ class RankHealth:
         self.metrics = metrics
         self.on_recover = on_recover
         self.session: aiohttp.ClientSession | None = None
+        self.fetch: Fetch | None = None  # set: checks go through it, not the session
         self._poke = asyncio.Event()
         self.last_error: dict[int, str] = {}
         self.refused: dict[int, str] = {}  # ranks that refused the credentials, and why
@@ -137,15 +142,11 @@ class RankHealth:
         refused = self.refused.get(rank)
         path = "/health" if refused is None else "/v1/models"
         headers = {} if refused is None else self.auth_headers(rank)
-        url = self.settings.rank_url(rank) + path
-        assert self.session is not None
         loop = asyncio.get_running_loop()
         start = loop.time()
         try:
-            timeout = aiohttp.ClientTimeout(total=CHECK_TIMEOUT_S)
-            async with self.session.get(url, timeout=timeout, headers=headers) as resp:
-                await resp.read()
-                ok, why = resp.status == 200, f"GET {path} answered {resp.status}"
+            status = await self._get(rank, path, headers)
+            ok, why = status == 200, f"GET {path} answered {status}"
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             late = loop.time() - start - CHECK_TIMEOUT_S
             if isinstance(exc, TimeoutError) and late > LATE_LOOP_S:
@@ -161,6 +162,18 @@ class RankHealth:
             elif "answered 401" in why or "answered 403" in why:
                 why = refused
         self._probed(rank, ok, why)
+
+    async def _get(self, rank: int, path: str, headers: dict[str, Any]) -> int:
+        """The status of ``GET path`` on ``rank`` (its body read and dropped)."""
+        if self.fetch is not None:
+            status, _ = await self.fetch(rank, path, headers, CHECK_TIMEOUT_S)
+            return status
+        assert self.session is not None
+        url = self.settings.rank_url(rank) + path
+        timeout = aiohttp.ClientTimeout(total=CHECK_TIMEOUT_S)
+        async with self.session.get(url, timeout=timeout, headers=headers) as resp:
+            await resp.read()
+            return resp.status
 
     def serving_ranks(self) -> set[int]:
         """Ranks in rotation, with no failed check pending, that streamed or finished since

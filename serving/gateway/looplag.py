@@ -5,6 +5,10 @@ long after that time it ran (``balanceroute_gateway_loop_lag_seconds``). A loop 
 the GIL (a CPU-bound thread in the process, such as the live twins') or runs a long callback
 shows it here before it shows in the ticks, the health checks or ``/metrics`` answering late.
 The last :data:`KEEP` samples give the p50, p99 and max in ``/v1/ab`` (``loop_lag``).
+
+The gateway feeds :meth:`LoopLag.record` from its decision loop's regular sample (every
+``sample_s``, 100 ms: how late that loop's own timer ran, :meth:`~.dispatch.Dispatcher.run`)
+rather than running :meth:`LoopLag.run`: one timer fewer, ten wake-ups a second fewer.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from typing import Any
 import numpy as np
 from prometheus_client import Histogram
 
-PERIOD_S = 0.1  # one sample every 100 ms: 10 wake-ups a second, nothing measurable
+PERIOD_S = 0.1  # one sample every 100 ms
 KEEP = 36_000  # samples kept for the summary: one hour at PERIOD_S
 
 

@@ -125,12 +125,12 @@ class Gateway:
         )
         loop = asyncio.get_running_loop()
         self.dispatcher.decide()  # activates the first arm
+        self.dispatcher.on_lag = self.loop_lag.record  # sampled by the decision loop's timer
         self.twins.start()
         self._tasks = [
             loop.create_task(self.dispatcher.run(s.tick_s, s.sample_s), name="gateway-tick"),
             loop.create_task(self.health.run(self._session), name="gateway-health"),
             loop.create_task(self._rotate(), name="gateway-log"),
-            loop.create_task(self.loop_lag.run(), name="gateway-loop-lag"),
         ]
 
     async def _rotate(self) -> None:

@@ -87,6 +87,8 @@ class GatewayTwins:
         self.feed = self.channel.feed
         self.arms = list(arms)
         self.driven = {a.label for a in arms if twin_drives(a)}
+        if not self.driven and len(self.arms) < 2:  # nothing to replay or compare, ever (the
+            self.enabled = False  # arms are fixed): no twins process at all
         for arm in arms:
             if arm.label in self.driven:
                 self.renew(arm)

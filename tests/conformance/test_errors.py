@@ -103,11 +103,14 @@ def test_body_too_large_has_vllms_body(engine: Engine, start_gateway) -> None:
 
 def test_full_pool_is_429_with_vllms_body(engine: Engine, start_gateway) -> None:
     """A full pool: 429 with Retry-After and vLLM's body; the client raises RateLimitError (the
-    two long streams filling the one slot and the pool are held open until the check is done)."""
+    two long streams filling the one slot and the pool are held open until the check is done,
+    and checked alive before it: a stream that ended would leave the pool with room)."""
     gw = start_gateway(engine.ranks[:1], "--max-pool", "1", "--slots", "1")
     long = body(engine.model, max_tokens=8000)
     with held(gw.url, long, 2) as running:
         _wait_pool(gw)
+        alive = sum(not f.done() for f in running)
+        assert alive == 2, f"only {alive} of the 2 streams filling the pool ran before the check"
         via = httpx.post(gw.url + "/v1/completions", json=body(engine.model), timeout=30)
         exc = raised(lambda: client(gw.url).completions.create(
             model=engine.model, prompt="hi", max_tokens=2))  # fmt: skip

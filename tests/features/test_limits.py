@@ -73,7 +73,10 @@ ONLINE = [n for n in estimator_names() if estimator_class(n).learns_online]
 @pytest.mark.parametrize("name", ONLINE)
 def test_every_online_update_refuses_lengths_beyond_the_limits(name: str) -> None:
     trace = generate("paper-prod", 300, seed=1)
-    params = {"n_estimators": 10, "per_request": 2} if name == "gbdt" else {}
+    params = {  # small fits: the limits are checked before any model is touched
+        "gbdt": {"n_estimators": 10, "per_request": 2},
+        "hazard": {"n_estimators": 10},
+    }.get(name, {})
     est = make_estimator(name, **params)
     est = est.fit(trace)
     batch = RunningBatch(np.array([100, 2000]), np.array([0, 50]), np.array([0, 1], np.uint64))

@@ -153,7 +153,7 @@ def _untimed(repeats: list[dict]) -> list[dict]:
         ("brh:magic", "unknown estimator 'magic'; known estimators:"),
         ("count-jsq:oracle", "takes no estimator; routers that do: brh, brh-paper"),
         ("brh:oracle{gamma}", "is not name=value"),
-        ("br0{bogus=1}", r"unknown br0 option\(s\) \[.bogus.\]; known: age_priority"),
+        ("br0{bogus=1}", r"unknown br0 option\(s\) \[.bogus.\]; known: age_late"),
     ],
 )
 def test_bad_arm_strings_are_clear_errors(text, needle):

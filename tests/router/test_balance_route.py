@@ -13,8 +13,10 @@ from balanceroute.predict.projection import (
     cutoff_survival,
     request_paths,
 )
+from balanceroute.router.lab.metrics import queue_delay_s
 from balanceroute.router.lab.simulator import SimConfig, simulate
 from balanceroute.router.policies.balance_route import BalanceRouteConfig, BR0Policy, BRHPolicy
+from balanceroute.router.policies.baselines import CountJSQPolicy
 from balanceroute.router.policies.kernels import br_step
 from balanceroute.router.policies.policy import RunContext
 from balanceroute.router.policies.scoring import discount_weights
@@ -91,6 +93,42 @@ def test_age_priority_lets_an_overtaken_small_request_in():
     assert small_first(5, 1.0)
     assert small_first(400, 32.0)
     assert not small_first(10_000, None)
+
+
+def test_late_age_priority_counts_only_passes_after_fifo_would_have_admitted():
+    """With ``age_late`` a request earns its bonus only for admissions that passed it after
+    first-come first-served would have taken it: passes while older requests still wait
+    (here one, 3,000 tokens) do not count."""
+
+    def small_first(passed, late):
+        state, table = make_state([0, 2000], [1, 0], [3000, 100, 1500], overtaken=[0, passed, 0])
+        policy = BRHPolicy(
+            horizon=0, s_greedy=0, age_priority=1.0, age_late=late, max_overtake=None
+        )
+        return decide(policy, state, table) == [(1, 0)]
+
+    assert small_first(2, late=False)  # two passes: two typical prompts of bonus
+    assert not small_first(1, late=True)  # one pass, one older request waiting: not late
+    assert small_first(3, late=True)
+
+
+def test_age_priority_bounds_the_worst_wait_in_a_replay():
+    """At about 1.1x capacity, requests that never fill a margin best wait several times
+    first-come first-served's worst without the age priority, and less than twice it with the
+    default."""
+    rng = np.random.default_rng(3)
+    n = 400
+    prompts = rng.integers(1500, 3000, n)
+    prompts[::10] = 50
+    rq = released(prompts, rng.integers(20, 60, n), np.arange(n) * 0.2, saturate=False)
+    cfg = SimConfig(workers=2, slots=4)
+
+    def worst(policy):
+        return float(queue_delay_s(simulate(rq, policy, cfg)).max())
+
+    fifo = worst(CountJSQPolicy())
+    assert worst(BRHPolicy(horizon=0, age_priority=None, max_overtake=None)) > 3 * fifo
+    assert worst(BRHPolicy(horizon=0, max_overtake=None)) < 2 * fifo
 
 
 def test_kv_capacity_holds_back_what_does_not_fit():

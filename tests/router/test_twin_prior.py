@@ -152,6 +152,17 @@ def test_a_holdout_shorter_than_a_block_gives_no_evidence():
     est = SurvivalEstimator(horizon=16).fit(_trace())
     prior = measure_prior(est, _trace(30), SHAPE, CFG)
     assert prior.windows == 0 and prior.start_weight == 0.0 and "fewer than one block" in prior.note
+    assert prior.note.startswith("the holdout's 30 requests")
+
+
+def test_folds_shorter_than_a_block_are_named_folds_not_a_holdout():
+    est = SurvivalEstimator(horizon=16).fit(_trace())
+    short = _trace(60)
+    folds = [(copy.deepcopy(est), short.iloc[:30]), (copy.deepcopy(est), short.iloc[30:])]
+    prior = measure_folds(folds, SHAPE, CFG)
+    assert prior.windows == 0 and prior.folds == 2
+    assert "each of the 2 cross-fitted folds holds at most 30 requests" in prior.note
+    assert "holdout" not in prior.note
 
 
 def test_round_trip_and_bad_metadata_is_named():

@@ -33,7 +33,7 @@ from balanceroute.serving.gateway.relay import (
     report_finish,
 )
 from balanceroute.serving.gateway.split.channel import Rejected
-from balanceroute.serving.gateway.split.lean import MARKERS, RemoteLife, WorkerContext, lean_body
+from balanceroute.serving.gateway.split.lean import RemoteLife, WorkerContext, lean_body, matters
 from balanceroute.serving.openai.assemble import Assembler
 from balanceroute.serving.openai.responses import error_body
 from balanceroute.serving.openai.sse import DONE, SSE_HEADERS, EventSplitter
@@ -73,6 +73,7 @@ class Exchange:
         self.up: Upstream | None = None
         self.st = Stream()
         self.status = 0
+        self.streaming = False  # the stream reached the client: pieces go straight to _relay
         self.error = bytearray()  # a refusal's body
         self.splitter = EventSplitter()
         self.held = b""
@@ -140,7 +141,7 @@ class Exchange:
         the client and the rank failed)."""
         self.rank = rank
         self.st = Stream(whole=None if self.req.stream else Assembler(self.req.chat))
-        self.status, self.error, self.held = 0, bytearray(), b""
+        self.status, self.error, self.held, self.streaming = 0, bytearray(), b"", False
         self.splitter = EventSplitter()
         self.result = self.loop.create_future()
         self.timer = self.loop.call_later(self.settings.first_token_timeout_s, self._first_late)
@@ -181,14 +182,14 @@ class Exchange:
         self.status = status
 
     def body(self, data: bytes) -> None:
+        if self.streaming:  # the common case, first
+            self._relay(data)
+            return
         if self.status != 200:
             if len(self.error) < 1 << 20:
                 self.error += data
             return
         st = self.st
-        if st.first_t is not None and self.req.stream:
-            self._relay(data)
-            return
         if st.first_t is not None:  # a whole answer being assembled: the chunk deadline
             self.last = self.loop.time()
         try:
@@ -207,6 +208,7 @@ class Exchange:
             if self.req.stream:
                 self._start_stream(b"".join(out))
                 self.held = self.splitter.buf
+                self.streaming = True
         elif self.req.stream:
             self.st.held.extend(out)
         if st.done:
@@ -251,7 +253,7 @@ class Exchange:
             return
         whole, self.held = buf[: cut + 2], buf[cut + 2 :]
         st = self.st
-        if MARKERS.search(whole) is not None:
+        if matters(whole):
             now = self.ctx.clock()
             events = whole.split(b"\n\n")
             events.pop()
@@ -276,10 +278,8 @@ class Exchange:
 
     def _start_stream(self, first: bytes) -> None:
         held, self.st.held = b"".join(self.st.held), []
-        self.client.start_stream([*SSE_HEADERS, self._rid_header()])
+        self.client.start_stream([*SSE_HEADERS, self._rid_header()], held + first)
         self.started = True
-        if held or first:
-            self.client.write_chunk(held + first)
 
     def _finish(self) -> None:
         """``[DONE]``: the request finished on its rank."""

@@ -336,9 +336,10 @@ class Connection(asyncio.Protocol):
         self.transport.write(b"\r\n".join(lines) + b"\r\n\r\n" + (b"" if head_only else body))
         self._answered()
 
-    def start_stream(self, headers: Headers) -> None:
-        """A stream's head: chunked to an HTTP/1.1 client; to a 1.0 one no framing at all (the
-        close ends it: :meth:`end_stream`)."""
+    def start_stream(self, headers: Headers, first: bytes = b"") -> None:
+        """A stream's head, and its ``first`` bytes in the same write (one segment to the
+        client): chunked to an HTTP/1.1 client; to a 1.0 one no framing at all (the close ends
+        it: :meth:`end_stream`)."""
         lines = [b"HTTP/1.1 200 OK", *(k + b": " + v for k, v in headers)]
         if self.chunked:
             lines.append(b"transfer-encoding: chunked")
@@ -346,7 +347,10 @@ class Connection(asyncio.Protocol):
             self.keep = False
         if not self.keep:
             lines.append(b"connection: close")
-        self.transport.write(b"\r\n".join(lines) + b"\r\n\r\n")
+        head = b"\r\n".join(lines) + b"\r\n\r\n"
+        if first:
+            head += b"%x\r\n%b\r\n" % (len(first), first) if self.chunked else first
+        self.transport.write(head)
 
     def write_chunk(self, data: bytes) -> None:
         if self.chunked:

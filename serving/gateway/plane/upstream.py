@@ -5,6 +5,11 @@ response ended cleanly and that the rank keeps alive goes back to its rank's idl
 
 Closing a connection is how a request is cancelled on the rank (vLLM and the emulator abort a
 request whose client went away), so a request that ends early closes its connection.
+
+The decider's own small reads of a rank (``GET /health``, ``GET /metrics`` for the step counter)
+go over the same kept-alive connections (:meth:`RankPool.get`): a few tens of microseconds of
+CPU each, where an aiohttp request costs several times that, and at load they run every second
+for every rank.
 """
 
 from __future__ import annotations
@@ -28,6 +33,30 @@ class Sink(Protocol):
     def complete(self) -> None: ...
 
     def broken(self, why: str) -> None: ...
+
+
+class Whole:
+    """A :class:`Sink` that collects a whole answer into ``done``: ``(status, body)``, or a
+    ConnectionError naming why the connection broke."""
+
+    def __init__(self, done: asyncio.Future[tuple[int, bytes]]) -> None:
+        self.done = done
+        self.status = 0
+        self.parts: list[bytes] = []
+
+    def head(self, status: int) -> None:
+        self.status = status
+
+    def body(self, data: bytes) -> None:
+        self.parts.append(data)
+
+    def complete(self) -> None:
+        if not self.done.done():
+            self.done.set_result((self.status, b"".join(self.parts)))
+
+    def broken(self, why: str) -> None:
+        if not self.done.done():
+            self.done.set_exception(ConnectionError(why))
 
 
 class Upstream(asyncio.Protocol):
@@ -146,6 +175,32 @@ class RankPool:
         async with asyncio.timeout(self.settings.connect_timeout_s):
             _, up = await loop.create_connection(lambda: Upstream(self, rank), host, port)
         return up, False
+
+    async def get(self, rank: int, path: str, headers: dict[str, str] | None = None,
+                  timeout_s: float = 2.0) -> tuple[int, bytes]:  # fmt: skip
+        """``GET path`` of ``rank`` over a kept-alive connection: ``(status, body)``; OSError
+        when the rank cannot be reached or answers no HTTP, TimeoutError after ``timeout_s``
+        (the connection is then closed)."""
+        _, _, prefix, host = self.address(rank)
+        lines = [b"GET " + (prefix + path).encode() + b" HTTP/1.1", b"host: " + host]
+        lines += [k.encode("latin-1") + b": " + v.encode("latin-1")
+                  for k, v in (headers or {}).items()]  # fmt: skip
+        request = b"\r\n".join(lines) + b"\r\n\r\n"
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout(timeout_s):
+            while True:
+                up, reused = await self.connect(rank)
+                done: asyncio.Future[tuple[int, bytes]] = loop.create_future()
+                up.send(Whole(done), request)
+                try:
+                    return await done
+                except ConnectionError:
+                    if reused and not up.heard:  # a kept-alive connection the rank closed
+                        continue
+                    raise
+                except BaseException:  # timed out or cancelled: the answer is not awaited
+                    up.close()
+                    raise
 
     def put(self, up: Upstream) -> None:
         idle = self.idle.setdefault(up.rank, [])

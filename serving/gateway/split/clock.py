@@ -14,7 +14,8 @@ began before its rank's period was known ages by the time since its first token.
 Where the engine publishes its own step counter (vLLM's ``vllm:iteration_tokens_total``
 histogram: one observation per engine step), the decider reads it every health interval
 (:class:`EngineCounters`): two reads with requests running give the rank's period, which
-replaces the finishes' average (the finishes still correct the count's drift).
+replaces the finishes' average (the finishes still correct the count's drift); a counter that
+moved since its last read counts as the rank heard, so a busy rank's health check is skipped.
 """
 
 from __future__ import annotations
@@ -26,12 +27,14 @@ from collections.abc import Callable
 import aiohttp
 import numpy as np
 
+from balanceroute.serving.gateway.health import Fetch
 from balanceroute.serving.gateway.state import LiveGroup
 
 log = logging.getLogger("balanceroute.gateway")
 STEPS = "vllm:iteration_tokens_total_count"
 ALPHA = 0.2  # weight of the newest finish in the period's moving average
 DRIFT_GAIN = 0.5  # share of a finish's age error the count absorbs
+READ_TIMEOUT_S = 2.0  # one read of a rank's /metrics
 
 
 class IterationClock:
@@ -207,11 +210,16 @@ class EngineCounters:
         self.absent: set[int] = set()
 
     def read(self, rank: int, text: str, t: float) -> bool:
-        """One ``/metrics`` page of ``rank`` read at ``t``; False when it has no counter."""
+        """One ``/metrics`` page of ``rank`` read at ``t``; False when it has no counter. A
+        counter that moved since the last read is the engine stepping: the rank is heard, so
+        the health round need not probe it (as a streamed token, :mod:`..health`)."""
         steps = engine_steps(text, rank if self.header_mode else None)
         if steps is None:
             return False
+        last = self.group.clock.engine.get(rank)
         self.group.clock.engine_count(rank, steps, t, bool(self.group.inflight[rank] > 0))
+        if last is not None and steps > last[0]:
+            self.group.heard[rank] += 1
         return True
 
     def idle(self, rank: int) -> bool:
@@ -224,23 +232,30 @@ class EngineCounters:
             self.group.clock.engine[rank] = (last[0], last[1], False)
         return True
 
-    async def run(self, session: aiohttp.ClientSession) -> None:
-        """Read the counter of every rank with requests running each interval until
-        cancelled."""
-        timeout = aiohttp.ClientTimeout(total=2.0)
+    async def run(self, session: aiohttp.ClientSession, fetch: Fetch | None = None) -> None:
+        """Read the counter of every rank with requests running each interval until cancelled
+        (through ``fetch`` when given, the ranks' kept-alive connections; else ``session``),
+        the ranks' reads at once: their answers wake the loop together, not one by one."""
         while True:
-            for g in range(self.group.ranks):
-                if g in self.absent or self.idle(g):
-                    continue
-                try:
-                    async with session.get(self.url_of(g) + "/metrics", timeout=timeout) as resp:
-                        text = await resp.text() if resp.status == 200 else ""
-                except (aiohttp.ClientError, OSError, TimeoutError):
-                    continue  # health checks deal with a rank that does not answer
-                if not self.read(g, text, self.group.clock_fn()):
-                    log.info("rank %d publishes no step counter: its clock follows the finishes", g)
-                    self.absent.add(g)
+            ranks = [g for g in range(self.group.ranks) if g not in self.absent and not self.idle(g)]
+            if ranks:
+                await asyncio.gather(*(self._read_one(g, session, fetch) for g in ranks))
             await asyncio.sleep(self.interval_s)
+
+    async def _read_one(self, g: int, session: aiohttp.ClientSession, fetch: Fetch | None) -> None:
+        try:
+            if fetch is not None:
+                status, body = await fetch(g, "/metrics", {}, READ_TIMEOUT_S)
+                text = body.decode("utf-8", "replace") if status == 200 else ""
+            else:
+                timeout = aiohttp.ClientTimeout(total=READ_TIMEOUT_S)
+                async with session.get(self.url_of(g) + "/metrics", timeout=timeout) as resp:
+                    text = await resp.text() if resp.status == 200 else ""
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            return  # health checks deal with a rank that does not answer
+        if not self.read(g, text, self.group.clock_fn()):
+            log.info("rank %d publishes no step counter: its clock follows the finishes", g)
+            self.absent.add(g)
 
 
 def engine_steps(text: str, engine: int | None) -> float | None:

@@ -6,7 +6,8 @@ metrics) on a :class:`~.clock.ClockedGroup`, and applies the relay workers' even
 to it through the same :class:`~balanceroute.serving.gateway.life.RequestLife` the one-process
 gateway uses. It opens the client port once and hands the listening socket to N relay workers
 (:mod:`.worker`), which accept on it in turn; its own app (probes, metrics, A/B, reload, models)
-listens on a Unix socket the workers pass those paths to.
+listens on a Unix socket the workers pass those paths to. Its health checks and step-counter
+reads go over kept-alive connections of its own (:meth:`~..plane.upstream.RankPool.get`).
 
 Faults: a worker that dies (its event line ends) has every request it held leave the group at
 once (counted ``relay_lost``: their slots are free for the next decision) and is started again;
@@ -43,6 +44,7 @@ from balanceroute.serving.gateway.life import (
     RequestLife,
     arrive,
 )
+from balanceroute.serving.gateway.plane.upstream import RankPool
 from balanceroute.serving.gateway.runtime import UPSTREAM_KEY_ENV, Gateway
 from balanceroute.serving.gateway.settings import GatewaySettings
 from balanceroute.serving.gateway.split import wire
@@ -100,6 +102,7 @@ class Decider:
         self._server: asyncio.base_events.Server | None = None
         self._watch: asyncio.Task | None = None
         self._counters: asyncio.Task | None = None
+        self.probes = RankPool(gw.settings)  # health checks and step-counter reads
 
     # ---- the event lines ------------------------------------------------------------------
     async def start(self) -> None:
@@ -112,7 +115,8 @@ class Decider:
         s = self.gw.settings
         counters = EngineCounters(self.gw.group, s.rank_url, s.rank_header is not None,  # type: ignore[arg-type]
                                   s.health_interval_s)  # fmt: skip
-        self._counters = loop.create_task(counters.run(self.gw.session))
+        self.gw.health.fetch = self.probes.get
+        self._counters = loop.create_task(counters.run(self.gw.session, self.probes.get))
 
     async def _serve_link(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         link = Link(writer)
@@ -299,6 +303,7 @@ class Decider:
                 proc.wait()
         if self._server is not None:
             self._server.close()
+        self.probes.close()
 
 
 def listen(settings: GatewaySettings) -> socket.socket:

@@ -32,6 +32,8 @@ from balanceroute.serving.testbed.bench.client import RequestRecord, stream_requ
 from balanceroute.serving.testbed.bench.plan import Plan, make_plan, resolve_targets
 from balanceroute.serving.testbed.bench.records import records_frame, summarize
 
+CLIENT_KEEPALIVE_S = 2.0  # idle connections kept for reuse; below every server's idle timeout
+
 
 @dataclass(frozen=True, slots=True)
 class BenchConfig:
@@ -112,7 +114,11 @@ async def run_plan(
     if config.api_key:
         headers["authorization"] = f"Bearer {config.api_key}"
     limit = config.concurrency_limit
-    connector = aiohttp.TCPConnector(limit=limit or 0, keepalive_timeout=60, force_close=False)
+    # a kept-alive connection is reused only well inside the server's idle timeout (5 s in vLLM,
+    # uvicorn and the gateway): reusing one the server is closing gets a reset, not an answer
+    connector = aiohttp.TCPConnector(
+        limit=limit or 0, keepalive_timeout=CLIENT_KEEPALIVE_S, force_close=False
+    )
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout_s)
     sem = asyncio.Semaphore(limit) if limit else None
     bar = _progress(config.progress, plan.size)

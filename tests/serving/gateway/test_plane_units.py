@@ -18,7 +18,7 @@ from balanceroute.serving.gateway.plane.upstream import RankPool
 from balanceroute.serving.gateway.relay import FINISHED
 from balanceroute.serving.gateway.settings import GatewaySettings
 from balanceroute.serving.gateway.split.channel import DeciderChannel
-from balanceroute.serving.gateway.split.lean import WorkerContext
+from balanceroute.serving.gateway.split.lean import MARKERS, WorkerContext, matters
 from balanceroute.serving.openai.assemble import Assembler
 from balanceroute.serving.openai.requests import CompletionBody
 
@@ -52,8 +52,10 @@ class Client:
         self.ended = False
         self.whole: tuple[int, bytes] | None = None
 
-    def start_stream(self, headers: list) -> None:
+    def start_stream(self, headers: list, first: bytes = b"") -> None:
         self.head = headers
+        if first:
+            self.chunks.append(first)
 
     def write_chunk(self, data: bytes) -> None:
         assert self.head is not None and not self.ended
@@ -157,3 +159,57 @@ def test_the_request_head_and_an_answer_parse():
     assert (status, body) == (404, b"no") and (b"x-a", b"b") in headers
     with pytest.raises(ValueError):
         parse_answer(b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\nshort")
+
+
+PIECES = [b'"finish_reason":null', b'"finish_reason":"stop"', b'"finish_reason": "length"',
+          b'"usage":null', b'"usage":{"a":1}', b'"usage": {"a":1}', b"[DONE]", b'"error"',
+          b'"text":" w"', b'": ', b"data: ", b"\n\n", b"{", b'"']  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(parts=st.lists(st.sampled_from(PIECES), max_size=12))
+def test_the_quick_marker_search_finds_what_the_expression_finds(parts):
+    events = b"".join(parts)
+    assert matters(events) == (MARKERS.search(events) is not None)
+
+
+def test_a_rank_get_reuses_its_connection_retries_a_stale_one_and_times_out():
+    """``RankPool.get`` on a real server: kept alive (one connection for two reads), a
+    kept-alive connection the server closed is replaced, a silent server times out."""
+
+    async def run() -> None:
+        accepted: list[int] = []
+        mode = {"close_after": False, "silent": False}
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            accepted.append(1)
+            while await reader.readuntil(b"\r\n\r\n"):
+                if mode["silent"]:
+                    await asyncio.sleep(5)
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nsteps")
+                await writer.drain()
+                if mode["close_after"]:
+                    writer.close()
+                    return
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        pool = RankPool(GatewaySettings(ranks=[f"http://127.0.0.1:{port}"], slots=1))
+        try:
+            assert await pool.get(0, "/metrics") == (200, b"steps")
+            mode["close_after"] = True
+            assert await pool.get(0, "/metrics") == (200, b"steps")
+            assert len(accepted) == 1  # the first connection served both
+            await asyncio.sleep(0.05)  # the server closed it after answering
+            assert await pool.get(0, "/health") == (200, b"steps")  # a fresh one, no error
+            assert len(accepted) == 2
+            mode["silent"], mode["close_after"] = True, False
+            with pytest.raises(TimeoutError):
+                await pool.get(0, "/health", timeout_s=0.2)
+        finally:
+            pool.close()
+            server.close()
+        with pytest.raises(OSError):
+            await pool.get(0, "/health", timeout_s=1.0)  # nobody listens any more
+
+    asyncio.run(run())

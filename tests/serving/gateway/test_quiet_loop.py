@@ -217,6 +217,22 @@ def test_idle_ranks_step_counters_are_not_read_and_the_last_read_does_not_pair()
     assert np.isnan(group.clock.period[0])
 
 
+def test_a_step_counter_that_moved_counts_as_the_rank_heard() -> None:
+    """A busy rank whose engine counted steps since the last read is serving (its health check
+    is skipped); one whose counter stood still is not."""
+    group = ClockedGroup.sized(2, 2, 8)
+    group.attach(lambda: 0.0)
+    counters = EngineCounters(group, lambda g: "", False, 1.0)
+    for g in range(2):
+        group.start(group.arrive(10, g + 1, 0.0), g)
+    page = "vllm:iteration_tokens_total_count {} {}\n"
+    assert counters.read(0, page.format("", 100), 1.0) and counters.read(1, page.format("", 7), 1.0)
+    assert group.heard.tolist() == [0, 0]  # a first read pairs with nothing
+    counters.read(0, page.format("", 124), 2.0)
+    counters.read(1, page.format("", 7), 2.0)
+    assert group.heard.tolist() == [1, 0]
+
+
 def test_a_lone_arrival_is_decided_at_once_and_a_crowd_at_the_next_pass() -> None:
     """An arrival that waits alone with a slot free is admitted before ``arrived`` returns (its
     first token waits for no event-loop pass); one behind a full group waits for the next

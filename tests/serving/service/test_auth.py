@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -80,4 +81,6 @@ def test_a_model_that_cannot_load_keeps_the_process_up(start_server, tmp_path: P
         'balanceroute_fallbacks_total{endpoint="/v1/route",reason="model_unavailable"} 1.0'
         in metrics
     )
-    assert 'balanceroute_reloads_total{arm="a",outcome="error"} 1.0' in metrics
+    # the failed load is retried with back-off (1 s, 2 s, ...): a slow machine may count more
+    failed_loads = re.search(r'balanceroute_reloads_total\{arm="a",outcome="error"\} (\S+)', metrics)
+    assert failed_loads is not None and float(failed_loads.group(1)) >= 1.0

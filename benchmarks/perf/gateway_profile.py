@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from side_by_side import cpu_s  # this script's folder is on the path
 
 from balanceroute.features.trace_io import write_trace
 from balanceroute.features.workload import WorkloadSpec, load_workload
@@ -54,18 +55,6 @@ def stop(*_):
 signal.signal(signal.SIGUSR2, stop)
 sys.exit(main())
 """
-
-
-def cpu_s(proc: psutil.Process) -> float:
-    """User + system CPU seconds of a process and its children."""
-    total = 0.0
-    for p in [proc, *proc.children(recursive=True)]:
-        try:
-            t = p.cpu_times()
-            total += t.user + t.system
-        except psutil.Error:
-            pass
-    return total
 
 
 def top(stats_file: Path, tokens: int, n: int) -> dict[str, list[dict[str, Any]]]:

@@ -16,6 +16,13 @@ import pandas as pd
 from balanceroute.features.errors import TraceError
 from balanceroute.features.limits import input_limits
 
+try:  # pandas' own SipHash of object arrays (what ``pd.util.hash_array`` calls)
+    from pandas._libs.hashing import hash_object_array as _hash_object_array
+except ImportError:  # pragma: no cover - a pandas that moved it
+    _hash_object_array = None
+_PANDAS_HASH_KEY = "0123456789123456"  # pandas' default hash key
+_U64 = (1 << 64) - 1
+
 CANONICAL_COLUMNS: tuple[str, ...] = (
     "request_id",
     "arrival_s",
@@ -187,9 +194,17 @@ def hash_keys(keys: pd.Series | np.ndarray | list) -> np.ndarray:
 
 def hash_key(key: str) -> int:
     """One prompt key's :func:`hash_keys` hash, without building a Series (a gateway hashes one
-    key per request: 30 us this way, about 1 ms through :func:`hash_keys`)."""
-    hashed = int(pd.util.hash_array(np.array([key], dtype=object), categorize=False)[0])
-    return hashed or 1
+    key per request): pandas' SipHash of the key's UTF-8 bytes, then its 64-bit mixing step,
+    in 2 us where ``pd.util.hash_array`` takes 10 us and :func:`hash_keys` about 1 ms."""
+    if _hash_object_array is None:  # a pandas without the private function: the public path
+        return int(pd.util.hash_array(np.array([key], dtype=object), categorize=False)[0]) or 1
+    h = int(_hash_object_array(np.array([key], dtype=object), _PANDAS_HASH_KEY, "utf8")[0])
+    h ^= h >> 30
+    h = (h * 0xBF58476D1CE4E5B9) & _U64
+    h ^= h >> 27
+    h = (h * 0x94D049BB133111EB) & _U64
+    h ^= h >> 31
+    return h or 1
 
 
 def to_arrays(trace: pd.DataFrame) -> TraceArrays:

@@ -49,3 +49,16 @@ def test_one_key_hashes_as_the_trace_loaders_hash_it(key: str) -> None:
     from balanceroute.features.schema import hash_key, hash_keys
 
     assert hash_key(key) == int(hash_keys([key])[0]) != 0
+
+
+WHITESPACE_HEAVY = st.text(
+    alphabet=st.sampled_from(" \t\n\r\x0b\x0c\x1c\x1d\x1e\x1fab.\u00e9\u3000\xa0\x85"), max_size=60
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(WHITESPACE_HEAVY, st.text(max_size=60)))
+def test_word_count_is_the_split_count(text: str) -> None:
+    """The gateway's word count (a byte map for ASCII text) is ``len(text.split())`` for any
+    text, ASCII separators and Unicode ones alike."""
+    assert count_tokens(text) == len(text.split())

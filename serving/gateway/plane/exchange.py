@@ -18,6 +18,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -42,6 +43,15 @@ log = logging.getLogger("balanceroute.gateway")
 Headers = list[tuple[bytes, bytes]]
 STALE = "stale"  # a connection closed before a byte of the answer
 TRIES = 4  # connections an attempt tries when kept-alive ones turn out closed
+
+
+@dataclass(frozen=True)
+class Sent:
+    """A first attempt written before the request's task ran (:meth:`Exchange.start`)."""
+
+    rank: int
+    body: bytes  # the body sent to ranks (again on a retry)
+    request: bytes  # head and body, as written
 
 
 def request_head(pool: RankPool, rank: int, path: str, headers: dict[str, str],
@@ -86,13 +96,31 @@ class Exchange:
 
     # ---- the request's life ----------------------------------------------------------------
     def start(self, on_done: Callable[[Exchange], None]) -> None:
-        """Run the request in its own task; ``on_done`` when it has left for good."""
-        self.task = self.loop.create_task(self.serve())
+        """Run the request in its own task; ``on_done`` when it has left for good. A request
+        the decider admitted at once goes to its rank now, over an idle kept-alive connection
+        if there is one, without waiting for the task's first pass of the event loop."""
+        sent = self._send_at_once()
+        self.task = self.loop.create_task(self.serve(sent))
         self.task.add_done_callback(lambda _: on_done(self))
 
-    async def serve(self) -> None:
+    def _send_at_once(self) -> Sent | None:
+        """The first attempt written now, if the request is admitted and its rank has an idle
+        connection (else None: the task makes the attempt)."""
+        rank = self.life.admitted_now()
+        if rank is None or rank < 0:
+            return None
+        up = self.pool.idle_connection(rank)
+        if up is None:
+            return None
+        body = lean_body(self.req.body)
+        request = self._prepare(rank, body)
+        self.up = up
+        up.send(self, request)
+        return Sent(rank, body, request)
+
+    async def serve(self, sent: Sent | None = None) -> None:
         try:
-            await self.run()
+            await self.run(sent)
         except asyncio.CancelledError:
             self._drop_upstream()
             self.life.count("cancelled" if self.gone else "drained")
@@ -102,18 +130,23 @@ class Exchange:
             self._disarm()
             self.life.leave()  # however the request ended, it leaves the group once
 
-    async def run(self) -> None:
+    async def run(self, sent: Sent | None = None) -> None:
         life = self.life
-        body = lean_body(self.req.body)
+        body = sent.body if sent is not None else lean_body(self.req.body)
         attempts = life.max_attempts
         attempt = 0
         try:
             for attempt in range(attempts):
-                rank = await life.admitted()
-                if rank < 0:
-                    break
-                if await self.attempt(rank, body) == FINISHED:
+                if sent is not None:  # the first attempt is on its way (:meth:`start`)
+                    outcome, sent = await self.attempt(sent.rank, body, sent), None
+                else:
+                    rank = await life.admitted()
+                    if rank < 0:
+                        break
+                    outcome = await self.attempt(rank, body)
+                if outcome == FINISHED:
                     return
+                rank = self.rank
                 if not life.requeued(rank, last=attempt + 1 == attempts):
                     break
         except Rejected as no:
@@ -136,9 +169,8 @@ class Exchange:
             self.task.cancel()
 
     # ---- one attempt -----------------------------------------------------------------------
-    async def attempt(self, rank: int, body: bytes) -> str:
-        """One attempt on ``rank``: FINISHED (answered, well or not) or RETRY (nothing reached
-        the client and the rank failed)."""
+    def _prepare(self, rank: int, body: bytes) -> bytes:
+        """A new attempt on ``rank``: its state and first-token deadline; the request's bytes."""
         self.rank = rank
         self.st = Stream(whole=None if self.req.stream else Assembler(self.req.chat))
         self.status, self.error, self.held, self.streaming = 0, bytearray(), b"", False
@@ -146,21 +178,31 @@ class Exchange:
         self.result = self.loop.create_future()
         self.timer = self.loop.call_later(self.settings.first_token_timeout_s, self._first_late)
         _, headers = self.life.forwarded(rank)
-        head = request_head(self.pool, rank, self.req.path, headers, len(body))
+        return request_head(self.pool, rank, self.req.path, headers, len(body)) + body
+
+    async def attempt(self, rank: int, body: bytes, sent: Sent | None = None) -> str:
+        """One attempt on ``rank``: FINISHED (answered, well or not) or RETRY (nothing reached
+        the client and the rank failed). ``sent``: the request was written already, on a
+        kept-alive connection (:meth:`_send_at_once`)."""
+        request = self._prepare(rank, body) if sent is None else sent.request
+        assert self.result is not None
         for _ in range(TRIES):
-            try:
-                up, reused = await self.pool.connect(rank)
-            except (OSError, TimeoutError) as exc:
-                self._disarm()
-                why = (f"no connection within {self.settings.connect_timeout_s:g} s"
-                       if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}")  # fmt: skip
-                self.life.rank_failed(rank, why)
-                return RETRY
-            if self.result.done():  # the first-token deadline passed while connecting
-                self.pool.put(up)
-                return self.result.result()
-            self.up = up
-            up.send(self, head + body)
+            if sent is not None:
+                reused, sent = True, None
+            else:
+                try:
+                    up, reused = await self.pool.connect(rank)
+                except (OSError, TimeoutError) as exc:
+                    self._disarm()
+                    why = (f"no connection within {self.settings.connect_timeout_s:g} s"
+                           if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}")  # fmt: skip
+                    self.life.rank_failed(rank, why)
+                    return RETRY
+                if self.result.done():  # the first-token deadline passed while connecting
+                    self.pool.put(up)
+                    return self.result.result()
+                self.up = up
+                up.send(self, request)
             outcome = await self.result
             if outcome != STALE:
                 return outcome
@@ -203,12 +245,12 @@ class Exchange:
             self._fail(str(exc))
             return
         if waiting and st.first_t is not None:
-            self.life.progress(st.tokens, st.tokens, st.usage_prompt, now)
             self._started_reading()
-            if self.req.stream:
+            if self.req.stream:  # the client's first token before the decider's bookkeeping
                 self._start_stream(b"".join(out))
                 self.held = self.splitter.buf
                 self.streaming = True
+            self.life.progress(st.tokens, st.tokens, st.usage_prompt, now)
         elif self.req.stream:
             self.st.held.extend(out)
         if st.done:

@@ -162,14 +162,21 @@ class RankPool:
             self.where[rank] = found
         return found
 
-    async def connect(self, rank: int) -> tuple[Upstream, bool]:
-        """A connection to ``rank`` (an idle one first) and whether it was reused; OSError or
-        TimeoutError when a new one cannot be made within ``connect_timeout_s``."""
+    def idle_connection(self, rank: int) -> Upstream | None:
+        """One of ``rank``'s idle kept-alive connections that is still open, or None."""
         idle = self.idle.get(rank)
         while idle:
             up = idle.pop()
             if not up.closed and up.transport is not None and not up.transport.is_closing():
-                return up, True
+                return up
+        return None
+
+    async def connect(self, rank: int) -> tuple[Upstream, bool]:
+        """A connection to ``rank`` (an idle one first) and whether it was reused; OSError or
+        TimeoutError when a new one cannot be made within ``connect_timeout_s``."""
+        up = self.idle_connection(rank)
+        if up is not None:
+            return up, True
         host, port, _, _ = self.address(rank)
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(self.settings.connect_timeout_s):

@@ -93,6 +93,16 @@ class RemoteLife:
         self.req.queue_s = self.clock() - self.req.arrival
         return rank
 
+    def admitted_now(self) -> int | None:
+        """The rank if the decider answered already (an in-process decider admits a request
+        that arrives into a free slot at once), else None: the caller waits with
+        :meth:`admitted`."""
+        fut = self.req.admitted
+        if not fut.done() or fut.cancelled() or fut.exception() is not None:
+            return None
+        self.req.queue_s = self.clock() - self.req.arrival
+        return fut.result()
+
     def forwarded(self, rank: int) -> tuple[str, dict[str, str]]:
         s = self.gw.settings
         return s.rank_url(rank) + self.req.path, forward_headers(

@@ -250,6 +250,8 @@ class Exchange:
                 self._start_stream(b"".join(out))
                 self.held = self.splitter.buf
                 self.streaming = True
+                if self.up is not None:
+                    self.up.relaying = True
             self.life.progress(st.tokens, st.tokens, st.usage_prompt, now)
         elif self.req.stream:
             self.st.held.extend(out)

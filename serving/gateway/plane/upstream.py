@@ -3,6 +3,9 @@ httptools: the request is written whole, and the response's status and body piec
 request's :class:`Sink` as they are read (the body already un-chunked). A connection whose
 response ended cleanly and that the rank keeps alive goes back to its rank's idle list.
 
+Once a stream's first token has reached its client, the rest of its answer is parsed at the end
+of each pass of the event loop (:meth:`RankPool.later`): first tokens and new requests go first.
+
 Closing a connection is how a request is cancelled on the rank (vLLM and the emulator abort a
 request whose client went away), so a request that ends early closes its connection.
 
@@ -71,6 +74,7 @@ class Upstream(asyncio.Protocol):
         self.busy = False  # a response is still due (the sink may have let go of it)
         self.heard = False  # a byte of the current response arrived
         self.closed = False
+        self.relaying = False  # the answer streams to its client: pieces are relayed later
 
     # ---- asyncio ---------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -78,6 +82,13 @@ class Upstream(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.heard = True
+        if self.relaying:  # a stream's later pieces wait for the loop pass's new work
+            self.pool.later(self, data)
+            return
+        self.feed(data)
+
+    def feed(self, data: bytes) -> None:
+        """Bytes of the answer, parsed now."""
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -85,6 +96,7 @@ class Upstream(asyncio.Protocol):
             self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.pool.relay_pending()  # what was read before the loss is the answer's, in order
         self.closed = True
         self.pool.forget(self)
         self._fail(f"the connection closed ({exc or 'by the rank'})")
@@ -100,7 +112,7 @@ class Upstream(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         sink, self.sink = self.sink, None
-        self.busy = False
+        self.busy = self.relaying = False
         if self.parser.should_keep_alive() and not self.closed:
             self.pool.put(self)
         else:
@@ -112,7 +124,7 @@ class Upstream(asyncio.Protocol):
     def send(self, sink: Sink, request: bytes) -> None:
         """Write one whole request; its answer goes to ``sink``."""
         assert self.transport is not None
-        self.sink, self.busy, self.heard = sink, True, False
+        self.sink, self.busy, self.heard, self.relaying = sink, True, False, False
         self.transport.write(request)
 
     def release(self) -> None:
@@ -151,6 +163,22 @@ class RankPool:
         self.settings = settings
         self.idle: dict[int, list[Upstream]] = {}
         self.where: dict[int, tuple[str, int, str, bytes]] = {}
+        self.pending: list[tuple[Upstream, bytes]] = []  # streams' pieces read this loop pass
+
+    def later(self, up: Upstream, data: bytes) -> None:
+        """A streaming answer's piece, relayed after the other work of this pass of the event
+        loop: the ranks' pieces arrive together at each iteration's end, and a first token or
+        a new request is handled before the running streams' next tokens (their next is due
+        an iteration later), so a request's first token does not wait behind the group's."""
+        self.pending.append((up, data))
+        if len(self.pending) == 1:
+            asyncio.get_running_loop().call_soon(self.relay_pending)
+
+    def relay_pending(self) -> None:
+        """Relay the pieces read this pass, in the order they were read."""
+        pending, self.pending = self.pending, []
+        for up, data in pending:
+            up.feed(data)
 
     def address(self, rank: int) -> tuple[str, int, str, bytes]:
         """``rank``'s host, port, path prefix and ``Host`` header value."""

@@ -87,7 +87,7 @@ class Front:
         self.settings = ctx.settings
         self.counter = counter
         self.control = control
-        self.pool = RankPool(ctx.settings)
+        self.pool = RankPool(ctx.settings, spares=True)
         self.origin = OriginCheck(None, ctx.settings, body=errors.refusal,  # type: ignore[arg-type]
                                   content_type_status=400)  # fmt: skip
         self.token = ctx.settings.token

@@ -159,11 +159,14 @@ class Upstream(asyncio.Protocol):
 class RankPool:
     """Each rank's idle kept-alive connections, and new ones when none is idle."""
 
-    def __init__(self, settings: GatewaySettings) -> None:
+    def __init__(self, settings: GatewaySettings, *, spares: bool = False) -> None:
         self.settings = settings
         self.idle: dict[int, list[Upstream]] = {}
         self.where: dict[int, tuple[str, int, str, bytes]] = {}
         self.pending: list[tuple[Upstream, bytes]] = []  # streams' pieces read this loop pass
+        self.spares = spares  # keep one idle connection ready per rank in use
+        self.opening: dict[int, asyncio.Task] = {}  # a spare being opened, per rank
+        self.closed = False
 
     def later(self, up: Upstream, data: bytes) -> None:
         """A streaming answer's piece, relayed after the other work of this pass of the event
@@ -191,13 +194,19 @@ class RankPool:
         return found
 
     def idle_connection(self, rank: int) -> Upstream | None:
-        """One of ``rank``'s idle kept-alive connections that is still open, or None."""
+        """One of ``rank``'s idle kept-alive connections that is still open, or None (with
+        ``spares``, taking the last one opens another in the background: the next request to
+        the rank is written at once instead of waiting for a connection)."""
         idle = self.idle.get(rank)
+        found = None
         while idle:
             up = idle.pop()
             if not up.closed and up.transport is not None and not up.transport.is_closing():
-                return up
-        return None
+                found = up
+                break
+        if self.spares and not idle and rank not in self.opening and not self.closed:
+            self.opening[rank] = asyncio.get_running_loop().create_task(self._spare(rank))
+        return found
 
     async def connect(self, rank: int) -> tuple[Upstream, bool]:
         """A connection to ``rank`` (an idle one first) and whether it was reused; OSError or
@@ -205,11 +214,28 @@ class RankPool:
         up = self.idle_connection(rank)
         if up is not None:
             return up, True
+        return await self._open(rank), False
+
+    async def _open(self, rank: int) -> Upstream:
         host, port, _, _ = self.address(rank)
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(self.settings.connect_timeout_s):
             _, up = await loop.create_connection(lambda: Upstream(self, rank), host, port)
-        return up, False
+        return up
+
+    async def _spare(self, rank: int) -> None:
+        """An idle connection to ``rank`` for its next request (a rank that cannot be reached
+        is the requests' and the health checks' to find out)."""
+        try:
+            up = await self._open(rank)
+        except (OSError, TimeoutError):
+            return
+        finally:
+            self.opening.pop(rank, None)
+        if self.closed:
+            up.close()
+        else:
+            self.put(up)
 
     async def get(self, rank: int, path: str, headers: dict[str, str] | None = None,
                   timeout_s: float = 2.0) -> tuple[int, bytes]:  # fmt: skip
@@ -248,6 +274,9 @@ class RankPool:
             idle.remove(up)
 
     def close(self) -> None:
+        self.closed = True
+        for task in list(self.opening.values()):
+            task.cancel()
         for idle in list(self.idle.values()):
             for up in list(idle):
                 up.close()

@@ -213,3 +213,43 @@ def test_a_rank_get_reuses_its_connection_retries_a_stale_one_and_times_out():
             await pool.get(0, "/health", timeout_s=1.0)  # nobody listens any more
 
     asyncio.run(run())
+
+
+def test_taking_a_ranks_last_idle_connection_opens_a_spare():
+    """With ``spares`` (the data plane's pool), a request that takes a rank's last idle
+    connection, or finds none, leaves a new idle one for the next; without (the probes' pool)
+    nothing is opened ahead; a closed pool opens nothing."""
+
+    async def run() -> None:
+        accepted: list[int] = []
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            accepted.append(1)
+            await reader.read()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        settings = GatewaySettings(ranks=[f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"],
+                                   slots=1)  # fmt: skip
+        plain, spares = RankPool(settings), RankPool(settings, spares=True)
+        try:
+            assert plain.idle_connection(0) is None
+            await asyncio.sleep(0.1)
+            assert not plain.idle.get(0) and accepted == []
+            assert spares.idle_connection(0) is None  # none yet: one is opened for the next
+            await asyncio.sleep(0.1)
+            assert len(spares.idle[0]) == 1 and len(accepted) == 1
+            first = spares.idle_connection(0)
+            assert first is not None and not first.closed  # the spare, taken: another opens
+            await asyncio.sleep(0.1)
+            assert len(spares.idle[0]) == 1 and spares.idle[0][0] is not first
+            assert len(accepted) == 2
+            spares.close()
+            assert spares.idle_connection(0) is None
+            await asyncio.sleep(0.1)
+            assert len(accepted) == 2 and not spares.opening
+            first.close()
+        finally:
+            plain.close()
+            server.close()
+
+    asyncio.run(run())

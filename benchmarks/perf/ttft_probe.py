@@ -6,7 +6,10 @@ random order each round), so every arm meets the same machine at the same moment
 comparison is paired round by round. Per request: the client's time to the first token event
 minus the engine's own arrival-to-first-chunk time (the emulator's request log), so the wait for
 the engine's next iteration is not counted; per arm: its median, and over ``direct`` and over the
-best peer the median of the per-round differences with a 95% bootstrap interval.
+best peer (and, for ``gateway:ROUTER``, over ``base:ROUTER``) the median of the per-round
+differences with a 95% bootstrap interval. It measures a lone request's path through each
+router (nothing else streams); ``side_by_side.py`` measures it among the streams of a loaded
+group.
 
 Arms: ``direct`` (a rank straight), ``gateway:ROUTER`` for each ``--routers`` (the gateway's
 default layout), ``base:ROUTER`` with ``--base-python`` (another installation's gateway), and the
@@ -156,6 +159,10 @@ def main() -> None:
         if best is not None:
             okb = ~np.isnan(v) & ~np.isnan(outside[best])
             row["over_best_peer_ms"] = paired(v[okb] - outside[best][okb], rng)
+        base = "base:" + a.partition(":")[2] if a.startswith("gateway:") else None
+        if base in outside:
+            okb = ~np.isnan(v) & ~np.isnan(outside[base])
+            row["over_base_ms"] = paired(v[okb] - outside[base][okb], rng)
         result["arms"][a] = row
     json.dump(result, sys.stdout, indent=1)
     print()

@@ -309,10 +309,10 @@ class Exchange:
                 return
         else:
             st.chunks += whole.count(b"data:")
-        if whole:
+        if st.done:  # the last events and the stream's end in one write
+            self._finish(whole)
+        elif whole:
             self.client.write_chunk(whole)
-        if st.done:
-            self._finish()
 
     def _started_reading(self) -> None:
         """The first token arrived: from now on a chunk is due within ``chunk_timeout_s``."""
@@ -325,8 +325,9 @@ class Exchange:
         self.client.start_stream([*SSE_HEADERS, self._rid_header()], held + first)
         self.started = True
 
-    def _finish(self) -> None:
-        """``[DONE]``: the request finished on its rank."""
+    def _finish(self, last: bytes = b"") -> None:
+        """``[DONE]``: the request finished on its rank (``last``: the stream's last events,
+        not yet written)."""
         st, req = self.st, self.req
         if self.up is not None:
             self.up.release()
@@ -335,7 +336,7 @@ class Exchange:
         if req.stream:
             if not self.started:
                 self._start_stream(b"")
-            self.client.end_stream()
+            self.client.end_stream(last)
             self.ended = True
         else:
             assert st.whole is not None

@@ -358,10 +358,15 @@ class Connection(asyncio.Protocol):
         else:
             self.transport.write(data)
 
-    def end_stream(self) -> None:
-        """The stream's end: the last chunk (1.1), or the connection's close (1.0)."""
+    def end_stream(self, last: bytes = b"") -> None:
+        """The stream's end, after its ``last`` bytes in the same write: the last chunk (1.1),
+        or the connection's close (1.0)."""
         if self.chunked:
-            self.transport.write(b"0\r\n\r\n")
+            self.transport.write(
+                b"%x\r\n%b\r\n0\r\n\r\n" % (len(last), last) if last else b"0\r\n\r\n"
+            )
+        elif last:
+            self.transport.write(last)
         self._answered()
 
     def _json(self, status: int, body: bytes, extra: Headers | None = None) -> None:

@@ -61,7 +61,10 @@ class Client:
         assert self.head is not None and not self.ended
         self.chunks.append(data)
 
-    def end_stream(self) -> None:
+    def end_stream(self, last: bytes = b"") -> None:
+        assert self.head is not None and not self.ended
+        if last:
+            self.chunks.append(last)
         self.ended = True
 
     def respond(self, status: int, headers: list, body: bytes) -> None:

@@ -15,7 +15,7 @@ VENV="$1"; MODEL="$2"; PORT="$3"; LOG="$4"; shift 4
 NICE="${CONFORMANCE_RANK_NICE:-10}"
 # shellcheck disable=SC2016  # $0, $1 and $@ expand in the child shell
 VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND="${OMP_BIND:-0}" VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 \
-    setsid sh -c 'echo "$1" > /proc/self/autogroup 2>/dev/null; shift; exec nice -n "$0" "$@"' \
+    setsid sh -c 'echo "$1" 2>/dev/null >/proc/self/autogroup; shift; exec nice -n "$0" "$@"' \
     "$NICE" "$NICE" "$VENV/bin/python" -m vllm.entrypoints.openai.api_server \
     --model "$MODEL" --served-model-name tiny --load-format dummy --dtype bfloat16 \
     --max-num-seqs 8 --max-model-len 8192 --enforce-eager --host 127.0.0.1 --port "$PORT" \

@@ -69,7 +69,7 @@ if [ -z "${CONFORMANCE_RANKS:-}" ]; then
           "http://127.0.0.1:$((PORT_BASE + 10))")
     RANK_LOGS=("$LOGS/rank0.log" "$LOGS/rank1.log" "$LOGS/dp2.log")
     PIDS+=("$("$HERE/start_rank.sh" "$VENV" "$MODEL" "$PORT_BASE" "${RANK_LOGS[0]}")")
-    PIDS+=("$("$HERE/start_rank.sh" "$VENV" "$MODEL" "$((PORT_BASE + 1))" "${RANK_LOGS[1]}")")
+    PIDS+=("$(OMP_BIND=1 "$HERE/start_rank.sh" "$VENV" "$MODEL" "$((PORT_BASE + 1))" "${RANK_LOGS[1]}")")
     PIDS+=("$(OMP_BIND="0|1" "$HERE/start_rank.sh" "$VENV" "$MODEL" "$((PORT_BASE + 10))" "${RANK_LOGS[2]}" \
         --data-parallel-size 2 --api-key "$key")")
     echo "conformance: starting 3 vLLM servers (logs in $LOGS)" >&2

@@ -21,6 +21,14 @@ alone:
   (the iteration clock's start);
 - ``midstep``: a new request arrives at its time within an iteration (a decision then if a
   slot is free), not at the next iteration start (the simulator's);
+- ``apart``: requests released together (a trace's equal timestamps: a burst) reach the gateway
+  one at a time, each decided alone (live: bench sends them one after the other, and the
+  gateway decides a request that arrives alone into a group with a free slot at once), not in
+  one decision with the whole burst to choose from (the simulator's);
+- ``spread``: a burst's requests reach the gateway evenly over this many iterations, in order
+  (live: bench sends a burst within 3 ms, the gateway reads them over 13 ms at the median);
+- ``hold``: the gateway's ``--hold`` in iterations: while requests run, a decision an event asks
+  for waits this long and the events meanwhile join it;
 - ``zero``: with ``hear = send = 0``, ``zero=True`` is the simulator's model (decided and joined
   at the same iteration start), ``zero=False`` the emulator's floor: a request decided at an
   iteration start still joins at the next one.
@@ -37,7 +45,8 @@ import argparse
 import heapq
 import json
 import sys
-from dataclasses import asdict, dataclass
+from collections import deque
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +60,7 @@ from balanceroute.router.lab.prefill import ReleasedRequests
 from balanceroute.router.policies.policy import RunContext
 from balanceroute.router.policies.specs import RouterSpec
 from balanceroute.serving.gateway.state import LiveGroup
-from balanceroute.serving.testbed.emulator.iterlog import read_log
+from balanceroute.serving.testbed.emulator.iterlog import rank_matrix, read_log
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "perf"))
 from live_gateway import COST, DATA, TRACES, B, G, rebased, released
@@ -69,6 +78,9 @@ class Lags:
     age: int = 0
     zero: bool = True
     midstep: bool = False
+    apart: bool = False
+    spread: float = 0.0
+    hold: float = 0.0
     period_error: float = 0.0
     warm: bool = False
     seed: int = 0
@@ -117,6 +129,10 @@ def replay(rel: ReleasedRequests, spec: str, lags: Lags, drawn: Drawn | None = N
     scale = 1.0 + rng.normal(0.0, lags.period_error, G) if lags.period_error > 0 else np.ones(G)
     heard_any = False
     n = rel.size
+    same = np.r_[False, np.diff(rel.release_s) == 0]  # released with the one before: a burst
+    start = np.maximum.accumulate(np.where(same, 0, np.arange(n)))
+    size = np.bincount(start, minlength=n)[start]
+    burst_pos = (np.arange(n) - start) / np.maximum(size, 1)  # 0 .. <1 within its burst
     group = LiveGroup.sized(G, B, n + 1)
     direct = spec == "direct"  # bench straight to the ranks, round-robin: no gateway
     policy = None if direct else RouterSpec.parse(spec).build_policy(None)
@@ -182,13 +198,21 @@ def replay(rel: ReleasedRequests, spec: str, lags: Lags, drawn: Drawn | None = N
                 t = k - 1 + min(max(frac, 0.0), 1.0)
             else:
                 t = float(k)
+            if lags.apart:  # each its own decision, in release order
+                t = t - 1e-6 * (n - nxt) / n
+            if lags.spread > 0:  # a burst's requests reach the gateway one after the other
+                t += lags.spread * float(burst_pos[nxt])
             heapq.heappush(events, (t, ARRIVE, nxt))
             nxt += 1
         # the gateway's events up to this iteration's start, in time order, one decision per time
         while events and events[0][0] <= k:
             t = events[0][0]
+            if lags.hold > 0 and group.inflight.any():  # the first ask starts the hold
+                t += lags.hold
+                if t > k:
+                    break  # decided during the next iteration
             group.iteration = int(np.floor(t))
-            while events and events[0][0] == t:
+            while events and events[0][0] <= t:
                 _, kind, r = heapq.heappop(events)
                 if kind == ARRIVE and direct:
                     heapq.heappush(joining, (int(np.floor(t)) + 1 if t > k - 1 else k, r, r % G))
@@ -256,12 +280,32 @@ def replay(rel: ReleasedRequests, spec: str, lags: Lags, drawn: Drawn | None = N
     )
 
 
+def refill_gaps(rq: pd.DataFrame) -> np.ndarray:
+    """Per request that joined a rank after a slot of it freed, the iterations that slot
+    stood empty first (the simulator's model: 0 while requests wait): each rank's frees
+    (the iteration after a request's last token) matched to its later joins, oldest first."""
+    ran = rq[(rq["admit_iteration"] >= 0) & (rq["finish_reason"] != "abort")]
+    gaps: list[int] = []
+    for _, one in ran.groupby("worker"):
+        admit = one["admit_iteration"].to_numpy()
+        events = sorted([(int(a + n), 0) for a, n in zip(admit, one["generated"], strict=True)]
+                        + [(int(a), 1) for a in admit])  # fmt: skip
+        frees: deque[int] = deque()
+        for k, kind in events:
+            if kind == 0:
+                frees.append(k)
+            elif frees:
+                gaps.append(k - frees.popleft())
+    return np.asarray(gaps, dtype=np.int64)
+
+
 def live_lags(run: Path) -> tuple[Drawn, dict[str, Any]]:
     """From one live run's folder (emulator and gateway logs): per request, iterations from
-    the rank's last token to the gateway's finish notice (``hear``) and from the decision to
-    the rank receiving it (``send``), positions interpolated within the emulator's iterations;
-    also how many requests each decision admitted and the iterations from a request's arrival
-    at its rank to its admission there."""
+    the rank's last token to the gateway logging the finish (``hear``) and from the gateway's
+    forward (its ``queue_delay_s``: the handler sending it, after the decision) to the rank
+    receiving it (``send``), positions interpolated within the emulator's iterations; the
+    refill gaps (:func:`refill_gaps`) in steady state; and the iterations from a request's
+    arrival at its rank to its admission there."""
     epoch = json.loads((run / "emulator" / "config.json").read_text())["epoch"]
     iters, rq = read_log(run / "emulator")
     iters = iters.sort_values("iteration")
@@ -281,22 +325,33 @@ def live_lags(run: Path) -> tuple[Drawn, dict[str, Any]]:
     gw = gw.set_index("request_id")[["arrival_s", "queue_delay_s", "finish_s"]]
     done = rq[rq["finish_reason"] != "abort"].drop_duplicates("request_id", keep=False)
     both = done.set_index("request_id").join(gw.add_suffix("_gateway"), how="inner")
-    decided = origin + both["arrival_s_gateway"] + both["queue_delay_s_gateway"] - epoch
+    forwarded = origin + both["arrival_s_gateway"] + both["queue_delay_s_gateway"] - epoch
     heard = origin + both["finish_s_gateway"] - epoch
     hear = pos(heard.to_numpy()) - pos(both["finish_s"].to_numpy())
-    send = pos(both["recv_s"].to_numpy()) - pos(decided.to_numpy())
-    batch = decided.round(6).value_counts().to_numpy()
+    send = pos(both["recv_s"].to_numpy()) - pos(forwarded.to_numpy())
     wait = (both["admit_iteration"] - both["arrival_iter"]).to_numpy()
+    busy = rank_matrix(iters, "running").sum(axis=1) >= 0.9 * G * B
+    full_from = int(numbers[np.argmax(busy)]) if busy.any() else 0
+    gaps = refill_gaps(rq[rq["admit_iteration"] >= full_from])
     summary = {
         "requests": len(both),
+        "aborted": int((rq["finish_reason"] == "abort").sum()),
+        "iteration_ms_p50": float(np.median(np.diff(starts)) * 1e3),
         "hear_iterations_p50_p90": np.percentile(hear, [50, 90]).round(2).tolist(),
         "send_iterations_p50_p90": np.percentile(send, [50, 90]).round(2).tolist(),
-        "iteration_ms_p50": float(np.median(np.diff(starts)) * 1e3),
-        "admitted_per_decision_mean": float(batch.mean()),
-        "decisions_of_one_share": float((batch == 1).mean()),
+        "refill_gap_iterations_p50_p90_mean": [
+            *np.percentile(gaps, [50, 90]).tolist(),
+            float(gaps.mean()),
+        ],
+        "refill_gap_shares_0_1_2_3plus": [
+            float((gaps == 0).mean()),
+            float((gaps == 1).mean()),
+            float((gaps == 2).mean()),
+            float((gaps >= 3).mean()),
+        ],
         "rank_queue_iterations_p50_p90": np.percentile(wait, [50, 90]).tolist(),
     }
-    return Drawn(hear=hear, send=send), summary
+    return Drawn(hear=np.maximum(gaps - 0.5, 0.0), send=np.zeros(1)), summary
 
 
 def audit(run: Path, spec: str) -> dict[str, Any]:
@@ -332,6 +387,7 @@ def audit(run: Path, spec: str) -> dict[str, Any]:
     prompts = gw["prompt_tokens"].to_numpy()
     ranks = gw["worker"].to_numpy()
     same = total = same_adm = total_adm = due_differs = 0
+    misses: list[dict[str, Any]] = []
     j = 0
     while j < len(events):
         t, kind, i = events[j]
@@ -369,6 +425,18 @@ def audit(run: Path, spec: str) -> dict[str, Any]:
             same += mine == live
             total_adm += len(live)
             same_adm += len(mine & live)
+            if not live <= mine:
+                misses.append(
+                    {
+                        "t": round(t, 3),
+                        "pool": state.pool.size,
+                        "due": state.admissions_due,
+                        "live": sorted((int(prompts[req_of[p]]), g) for p, g in live),
+                        "offline": sorted((int(prompts[req_of[p]]), g) for p, g in mine),
+                        "free": state.free_slots.tolist(),
+                        "loads_k": (state.loads / 1e3).round(0).tolist(),
+                    }
+                )
         group.pool.passed([int(pos[i]) for i in batch])
         for i in batch:
             if i not in missing:
@@ -378,6 +446,7 @@ def audit(run: Path, spec: str) -> dict[str, Any]:
         "same_decision_share": same / max(total, 1),
         "same_admission_share": same_adm / max(total_adm, 1),
         "decisions_with_other_due": due_differs,
+        "misses": misses,
     }
 
 
@@ -426,6 +495,20 @@ GRID: dict[str, Lags] = {
         hear=1.0, jitter=4.0, send=1.5, midstep=True
     ),
     "live-like slow (hear 3 + U[0, 6), send 3)": Lags(hear=3.0, jitter=6.0, send=3.0, midstep=True),
+    "bursts apart": Lags(apart=True),
+    "bursts apart + measured lags (hear 0.08 + U[0, 0.1), send 0.05)": Lags(
+        hear=0.08, jitter=0.1, send=0.05, midstep=True, apart=True
+    ),
+    "measured lags, bursts together": Lags(hear=0.08, jitter=0.1, send=0.05, midstep=True),
+    "live (measured lags, bursts over 0.3)": Lags(
+        hear=0.08, jitter=0.1, send=0.05, midstep=True, apart=True, spread=0.3
+    ),
+    "live, hold 0.2": Lags(
+        hear=0.08, jitter=0.1, send=0.05, midstep=True, apart=True, spread=0.3, hold=0.2
+    ),
+    "live, hold 0.4": Lags(
+        hear=0.08, jitter=0.1, send=0.05, midstep=True, apart=True, spread=0.3, hold=0.4
+    ),
     "age -3": Lags(age=-3),
     "age +3": Lags(age=3),
     "rank periods off by N(0, 5%)": Lags(period_error=0.05),
@@ -462,6 +545,36 @@ def summarize(cases: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     return out
 
 
+def jittered(rel: ReleasedRequests, jitter_s: float, seed: int) -> ReleasedRequests:
+    """The same requests, each released up to ``jitter_s`` model seconds later (uniform; the
+    order kept): a client whose sends run a few milliseconds late."""
+    rng = np.random.default_rng(seed)
+    late = rel.release_s + rng.uniform(0.0, jitter_s, rel.size)
+    return replace(rel, release_s=np.maximum.accumulate(late))
+
+
+def arrival_spread(rel: ReleasedRequests, jitter_s: float, seeds: int) -> dict[str, Any]:
+    """The simulator itself (no lag) on ``seeds`` draws of arrival jitter: how far one run's
+    ratio moves from the simulator's point with nothing but send times a little off."""
+    sim = figures({s: replay(rel, s, Lags()) for s in ROUTERS})
+    out: dict[str, list[float]] = {"ratio": [], "count-jsq": [], "brh:none": []}
+    for seed in range(seeds):
+        f = figures({s: replay(jittered(rel, jitter_s, seed), s, Lags()) for s in ROUTERS})
+        out["ratio"].append(f["ratio"] / sim["ratio"])
+        for spec in ROUTERS:
+            out[spec].append(f[spec]["steady_imbalance"] / sim[spec]["steady_imbalance"])
+    return {
+        "jitter_model_s": jitter_s,
+        "sim_ratio": sim["ratio"],
+        **{
+            f"{k}_over_sim_p10_p50_p90": np.percentile(v, [10, 50, 90]).round(3).tolist()
+            for k, v in out.items()
+        },
+        "ratio_over_sim_share_over_1_5": float((np.array(out["ratio"]) > 1.5).mean()),
+        "ratio_over_sim": [round(float(v), 3) for v in out["ratio"]],
+    }
+
+
 def seed_spread(rel: ReleasedRequests, lags: Lags, seeds: int) -> dict[str, Any]:
     """One window, one lag setting, ``seeds`` draws of the jitter: how far one run's ratio
     moves with nothing but the order of the finish notices."""
@@ -488,6 +601,8 @@ def main() -> None:
     p.add_argument("--load", type=float, default=1.1)
     p.add_argument("--cases", default="", help="names of GRID separated by ; (default all)")
     p.add_argument("--seeds", type=int, default=0, help="jitter draws on the first window")
+    p.add_argument("--arrival-jitter", type=float, default=0.0,
+                   help="model seconds: the simulator's spread under send-time jitter (with --seeds)")  # fmt: skip
     args = p.parse_args()
     names = [c for c in args.cases.split(";") if c] or list(GRID)
     if "simulator" not in names:
@@ -509,6 +624,8 @@ def main() -> None:
         result["seed_spread"] = {
             n: seed_spread(first, GRID[n], args.seeds) for n in names if GRID[n].jitter > 0
         }
+    if args.seeds and args.arrival_jitter > 0 and first is not None:
+        result["arrival_spread"] = arrival_spread(first, args.arrival_jitter, args.seeds)
     print(json.dumps(result, indent=2))
 
 

@@ -77,7 +77,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--max-pool", type=positive_int, help="waiting requests at most (4096)")
     r.add_argument("--tick", dest="tick_s", type=duration, help="decision tick (10ms)")
     r.add_argument("--hold", dest="hold_s", type=duration,
-                   help="while the group steps, decide arrivals and finishes together after "
+                   help="while the group is half full, decide arrivals and finishes together after "
                    "this long, not at once (off by default; below one engine step)")  # fmt: skip
     r.add_argument("--sample", dest="sample_s", type=duration,
                    help="the group's sample (metrics, A/B imbalance, ticks.parquet) while no "

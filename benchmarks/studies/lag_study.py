@@ -28,15 +28,23 @@ alone:
 - ``spread``: a burst's requests reach the gateway evenly over this many iterations, in order
   (live: bench sends a burst within 3 ms, the gateway reads them over 13 ms at the median);
 - ``hold``: the gateway's ``--hold`` in iterations: while requests run, a decision an event asks
-  for waits this long and the events meanwhile join it;
+  for waits this long and the events meanwhile join it (``hold_from``: only while at least
+  this share of the slots is taken);
 - ``zero``: with ``hear = send = 0``, ``zero=True`` is the simulator's model (decided and joined
   at the same iteration start), ``zero=False`` the emulator's floor: a request decided at an
   iteration start still joins at the next one.
 
 The steady imbalance is ``G max - sum`` over iterations where the gateway's pool is non-empty
 after its decisions (the simulator's definition); ``live_def`` also counts a rank's own queue.
+With every lag 0 the replay is the simulator's, to the token; the spec ``direct`` sends each
+request straight to rank ``i mod G`` (bench without a gateway), the emulator's own queueing: the
+check that this model is the emulator's. ``--live RUN`` measures a live run instead: its lags in
+iterations (:func:`live_lags`) and each of its admissions made again offline on the state
+rebuilt from its logs (:func:`audit`).
 
-    .venv/bin/python benchmarks/studies/lag_study.py --trace mooncake > runs/lag_study.json
+    .venv/bin/python benchmarks/studies/lag_study.py --trace mooncake --windows 9 --seeds 60 \
+        --arrival-jitter 0.02 > runs/lag_mooncake.json
+    .venv/bin/python benchmarks/studies/lag_study.py --live runs/split/mooncake/x4-pfront-brh-none
 """
 
 from __future__ import annotations
@@ -81,6 +89,7 @@ class Lags:
     apart: bool = False
     spread: float = 0.0
     hold: float = 0.0
+    hold_from: float = 0.0
     period_error: float = 0.0
     warm: bool = False
     seed: int = 0
@@ -207,7 +216,8 @@ def replay(rel: ReleasedRequests, spec: str, lags: Lags, drawn: Drawn | None = N
         # the gateway's events up to this iteration's start, in time order, one decision per time
         while events and events[0][0] <= k:
             t = events[0][0]
-            if lags.hold > 0 and group.inflight.any():  # the first ask starts the hold
+            busy = group.inflight.sum() >= lags.hold_from * G * B and group.inflight.any()
+            if lags.hold > 0 and busy:  # the first ask starts the hold
                 t += lags.hold
                 if t > k:
                     break  # decided during the next iteration
@@ -509,6 +519,16 @@ GRID: dict[str, Lags] = {
     "live, hold 0.4": Lags(
         hear=0.08, jitter=0.1, send=0.05, midstep=True, apart=True, spread=0.3, hold=0.4
     ),
+    "live, hold 0.4 from half full": Lags(
+        hear=0.08,
+        jitter=0.1,
+        send=0.05,
+        midstep=True,
+        apart=True,
+        spread=0.3,
+        hold=0.4,
+        hold_from=0.5,
+    ),
     "age -3": Lags(age=-3),
     "age +3": Lags(age=3),
     "rank periods off by N(0, 5%)": Lags(period_error=0.05),
@@ -603,7 +623,18 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=0, help="jitter draws on the first window")
     p.add_argument("--arrival-jitter", type=float, default=0.0,
                    help="model seconds: the simulator's spread under send-time jitter (with --seeds)")  # fmt: skip
+    p.add_argument("--live", metavar="RUN",
+                   help="instead: a live run's folder (split_gateway.py's x4-MODE-ROUTER): its lags "
+                   "in iterations and the audit of its decisions (--router)")  # fmt: skip
+    p.add_argument("--router", default="brh:none", help="the live run's router (with --live)")
     args = p.parse_args()
+    if args.live:
+        _, lags_seen = live_lags(Path(args.live))
+        found = audit(Path(args.live), args.router)
+        misses = found.pop("misses")
+        print(json.dumps({"lags": lags_seen, "audit": found, "first_misses": misses[:20]},
+                         indent=2, default=float))  # fmt: skip
+        return
     names = [c for c in args.cases.split(";") if c] or list(GRID)
     if "simulator" not in names:
         names.insert(0, "simulator")

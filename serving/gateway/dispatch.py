@@ -13,14 +13,15 @@ starved of data.
 
 A request that arrives alone into a group with a free slot is decided at once
 (:meth:`Dispatcher.arrived`), unless a hold is set (``hold_s``, ``--hold``): then, while the group
-steps (requests run), the decision an arrival or a finish asks for waits ``hold_s`` and every one
+is at least half full, the decision an arrival or a finish asks for waits ``hold_s`` and every one
 asked for meanwhile joins it. A trace's burst (requests with one timestamp, sent one after the
 other) and the finishes of one engine step are then decided together, as the simulator decides
 each iteration's arrivals; decided one by one, a burst's first requests go to the rank with the
 most free slots whatever they weigh (BR-H's first stage), which on Mooncake's long prompts cost
 BR-H most of its balance (docs/results.md, "Why BR-H's live imbalance on Mooncake was 4x the
 simulator's"). A held request still joins its rank at the next engine step if the hold is shorter
-than what is left of the step; a group with nothing running decides at once. The loop (:meth:`Dispatcher.run`) does only what the state asks
+than what is left of the step; a group less than half full decides at once (at low load no
+request waits for a hold). The loop (:meth:`Dispatcher.run`) does only what the state asks
 for: a decision and a sample every tick while requests wait; while they only run, the group's
 pulse (its step estimate, and the twins' clock) every tick if the group counts steps by ticks
 (ages from chunks), and a sample every ``sample_s``; with nothing waiting or running it sleeps
@@ -55,6 +56,9 @@ TICK_SAMPLES = 2_000_000
 # uvloop's timers count whole milliseconds and can fire up to one early: an idle loop that woke
 # just before its sample was due would tick twice for it (twice the wake-ups of a quiet gateway)
 TIMER_SLACK_S = 0.001
+# the hold applies while at least this share of the group's slots is taken: where placement
+# decides the imbalance; below it (low load) an arrival is decided at once, its TTFT untouched
+HOLD_FROM = 0.5
 
 
 class Dispatcher:
@@ -136,8 +140,10 @@ class Dispatcher:
 
     def _hold(self) -> bool:
         """Whether the decision asked for now waits for the held one (module docstring): a
-        hold is set and the group steps; the first ask starts the hold."""
-        if self.hold_s <= 0 or not self.group.inflight.any():
+        hold is set and at least :data:`HOLD_FROM` of the slots are taken (the group steps);
+        the first ask starts the hold."""
+        group = self.group
+        if self.hold_s <= 0 or group.inflight.sum() < HOLD_FROM * group.ranks * group.slots:
             return False
         if self._hold_until is None:
             self._hold_until = self.clock() + self.hold_s

@@ -98,8 +98,8 @@ class GatewaySettings(ServiceSettings):
         ge=0,
         le=1,
         allow_inf_nan=False,
-        description="while the group steps, a decision an arrival or a finish asks for waits "
-        "this long (the ones asked for meanwhile join it): a burst of arrivals and the finishes "
+        description="while the group is at least half full, a decision an arrival or a finish "
+        "asks for waits this long (the ones asked for meanwhile join it): a burst of arrivals and the finishes "
         "of one engine step are decided together, as the simulator decides an iteration's "
         "(keep it below one engine step; 0: decide at once)",
     )

@@ -1,6 +1,6 @@
-"""The decision hold (``--hold``): while the group steps, a burst of arrivals and the finishes
-that come during the hold are decided together in one decision; into an idle group, or with no
-hold, an arrival is decided at once (docs/results.md, "Why BR-H's live imbalance on Mooncake was
+"""The decision hold (``--hold``): while the group is at least half full, a burst of arrivals and
+the finishes that come during the hold are decided together in one decision; into an emptier
+group, or with no hold, an arrival is decided at once (docs/results.md, "Why BR-H's live imbalance on Mooncake was
 4x the simulator's")."""
 
 from __future__ import annotations
@@ -34,23 +34,26 @@ class Counted(Dispatcher):
         return n
 
 
-def _running(group: LiveGroup, d: Dispatcher) -> int:
-    """One request admitted and running on the group (the group steps)."""
-    p = group.arrive(100, 1, 0.0)
-    d.waiter(p)
+def _running(group: LiveGroup, d: Dispatcher, n: int) -> list[int]:
+    """``n`` requests admitted and running on the group."""
+    out = []
+    for key in range(n):
+        p = group.arrive(100, 100 + key, 0.0)
+        d.waiter(p)
+        out.append(p)
     d.decide()
-    assert group.inflight.sum() == 1
-    return p
+    assert group.inflight.sum() == n
+    return out
 
 
 def test_a_burst_into_a_stepping_group_is_one_decision() -> None:
-    """Three arrivals and a finish during the hold: none is decided before it ends, then one
-    decision admits all three (the finish told to the policy first)."""
+    """Half the slots taken; three arrivals and a finish during the hold: none is decided before
+    it ends, then one decision admits all three (the finish told to the policy first)."""
 
     async def scenario() -> None:
         group = LiveGroup.sized(ranks=2, slots=4, max_pool=8)
         d = Counted(group, hold_s=0.05)
-        first = _running(group, d)
+        first = _running(group, d, 4)[0]
         d.admitted.clear()
         futs = []
         for key in (2, 3, 4):
@@ -67,16 +70,16 @@ def test_a_burst_into_a_stepping_group_is_one_decision() -> None:
     asyncio.run(scenario())
 
 
-def test_an_idle_group_or_no_hold_decides_at_once() -> None:
-    """Nothing runs: the hold does not apply, the arrival is admitted before ``arrived``
-    returns; with no hold a request arriving beside a running one is too."""
+def test_a_group_under_half_full_or_no_hold_decides_at_once() -> None:
+    """Nothing or three of eight slots run: the hold does not apply, the arrival is admitted
+    before ``arrived`` returns; with no hold a request arriving into a half-full group is too."""
 
     async def scenario() -> None:
-        for hold, busy in ((0.05, False), (0.0, True)):
+        for hold, busy in ((0.05, 0), (0.05, 3), (0.0, 4)):
             group = LiveGroup.sized(ranks=2, slots=4, max_pool=8)
             d = Counted(group, hold_s=hold)
             if busy:
-                _running(group, d)
+                _running(group, d, busy)
             p = group.arrive(100, 9, 0.0)
             fut = d.waiter(p)
             d.arrived()

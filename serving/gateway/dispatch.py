@@ -128,7 +128,8 @@ class Dispatcher:
     def arrived(self) -> None:
         """A request joined the pool: decided now if it waits alone and a slot is free (nothing
         to batch it with; at low load this is every arrival, and its first token is not made to
-        wait for the event loop's next pass), else at the loop's next pass (:meth:`wake`)."""
+        wait for the event loop's next pass), else at the loop's next pass (:meth:`wake`); with a
+        hold and a group at least half full, in the held decision (:meth:`_hold`)."""
         group = self.group
         if self._hold():
             self._ring()

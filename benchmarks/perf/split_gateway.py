@@ -6,7 +6,8 @@ replayed by ``balanceroute bench`` through ``balanceroute gateway`` in each mode
 one-process gateway; ``relayN``: ``--relay-workers N``), with ``count-jsq`` and ``brh``, each
 against a fresh ``balanceroute emulate`` group; and once straight to the ranks (round-robin).
 ``pfront`` and ``asgi`` name the one-process gateway's front (``--front protocol``, the default
-``single`` runs too, or ``--front asgi``, the front before it).
+``single`` runs too, or ``--front asgi``, the front before it); ``holdN`` is ``pfront`` with
+``--hold Nms`` (bursts and one step's finishes decided together).
 ``--modes ...,nginx`` adds Debian's nginx as a round-robin proxy (one worker, unbuffered): what a
 compiled data plane costs per token, without any admission.
 Per run:
@@ -89,14 +90,17 @@ FRONTS = {"pfront": "protocol", "asgi": "asgi"}  # one process with that front, 
 
 def mode_args(mode: str) -> list[str]:
     """The gateway flags of a mode: ``single`` (the default front, now Protocol), ``pfront``
-    (``--front protocol``), ``asgi`` (``--front asgi``) or ``relayN`` (``nginx``: no gateway)."""
+    (``--front protocol``), ``asgi`` (``--front asgi``), ``holdN`` (the Protocol front with
+    ``--hold Nms``) or ``relayN`` (``nginx``: no gateway)."""
     if mode in ("single", "nginx"):
         return []
     if mode in FRONTS:
         return ["--front", FRONTS[mode]]
+    if mode.startswith("hold") and mode[4:].isdigit():
+        return ["--front", "protocol", "--hold", f"{mode[4:]}ms"]
     if mode.startswith("relay") and mode[5:].isdigit():
         return ["--relay-workers", mode[5:]]
-    raise SystemExit(f"unknown mode {mode!r}: single, pfront, asgi or relayN")
+    raise SystemExit(f"unknown mode {mode!r}: single, pfront, asgi, holdN or relayN")
 
 
 def start_gateway(urls: list[str], extra: list[str], out_dir: Path,

@@ -12,7 +12,16 @@ a policy. Arms switch at window boundaries (:class:`Switchback`): the incoming p
 starved of data.
 
 A request that arrives alone into a group with a free slot is decided at once
-(:meth:`Dispatcher.arrived`). The loop (:meth:`Dispatcher.run`) does only what the state asks
+(:meth:`Dispatcher.arrived`), unless a hold is set (``hold_s``, ``--hold``): then, while the group
+is at least half full, the decision an arrival or a finish asks for waits ``hold_s`` and every one
+asked for meanwhile joins it. A trace's burst (requests with one timestamp, sent one after the
+other) and the finishes of one engine step are then decided together, as the simulator decides
+each iteration's arrivals; decided one by one, a burst's first requests go to the rank with the
+most free slots whatever they weigh (BR-H's first stage), which on Mooncake's long prompts cost
+BR-H most of its balance (docs/results.md, "Why BR-H's live imbalance on Mooncake was 4x the
+simulator's"). A held request still joins its rank at the next engine step if the hold is shorter
+than what is left of the step; a group less than half full decides at once (at low load no
+request waits for a hold). The loop (:meth:`Dispatcher.run`) does only what the state asks
 for: a decision and a sample every tick while requests wait; while they only run, the group's
 pulse (its step estimate, and the twins' clock) every tick if the group counts steps by ticks
 (ages from chunks), and a sample every ``sample_s``; with nothing waiting or running it sleeps
@@ -47,6 +56,9 @@ TICK_SAMPLES = 2_000_000
 # uvloop's timers count whole milliseconds and can fire up to one early: an idle loop that woke
 # just before its sample was due would tick twice for it (twice the wake-ups of a quiet gateway)
 TIMER_SLACK_S = 0.001
+# the hold applies while at least this share of the group's slots is taken: where placement
+# decides the imbalance; below it (low load) an arrival is decided at once, its TTFT untouched
+HOLD_FROM = 0.5
 
 
 class Dispatcher:
@@ -63,8 +75,11 @@ class Dispatcher:
         clock: Callable[[], float] = time.monotonic,
         recent: RecentCompletions | None = None,
         twins: GatewayTwins | None = None,
+        hold_s: float = 0.0,
     ) -> None:
         self.group = group
+        self.hold_s = hold_s
+        self._hold_until: float | None = None  # the held decision's time, while one is held
         self.twins = twins
         self.arms = {a.label: a for a in arms}
         self.recent = recent
@@ -100,7 +115,11 @@ class Dispatcher:
         self.waiters.pop(position, None)
 
     def wake(self) -> None:
-        """Decide soon (calls coalesce into one decision per event-loop pass)."""
+        """Decide soon (calls coalesce into one decision per event-loop pass, or into the held
+        decision: :meth:`_hold`)."""
+        if self._hold():
+            self._ring()
+            return
         if not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._scheduled_decision)
@@ -109,13 +128,32 @@ class Dispatcher:
     def arrived(self) -> None:
         """A request joined the pool: decided now if it waits alone and a slot is free (nothing
         to batch it with; at low load this is every arrival, and its first token is not made to
-        wait for the event loop's next pass), else at the loop's next pass (:meth:`wake`)."""
+        wait for the event loop's next pass), else at the loop's next pass (:meth:`wake`); with a
+        hold and a group at least half full, in the held decision (:meth:`_hold`)."""
         group = self.group
-        if group.pool.size == 1 and group.has_free_slot():
+        if self._hold():
+            self._ring()
+        elif group.pool.size == 1 and group.has_free_slot():
             self._ring()
             self.decide()
         else:
             self.wake()
+
+    def _hold(self) -> bool:
+        """Whether the decision asked for now waits for the held one (module docstring): a
+        hold is set and at least :data:`HOLD_FROM` of the slots are taken (the group steps);
+        the first ask starts the hold."""
+        group = self.group
+        if self.hold_s <= 0 or group.inflight.sum() < HOLD_FROM * group.ranks * group.slots:
+            return False
+        if self._hold_until is None:
+            self._hold_until = self.clock() + self.hold_s
+            asyncio.get_running_loop().call_later(self.hold_s, self._held_decision)
+        return True
+
+    def _held_decision(self) -> None:
+        self._hold_until = None
+        self.decide()
 
     def _ring(self) -> None:
         """Wake the idle loop (:meth:`_pause`), if it sleeps."""
@@ -274,9 +312,9 @@ class Dispatcher:
         sample was the regular one."""
         group = self.group
         waiting = bool(group.pool.size or group.departures)
-        if waiting:
+        if waiting and self._hold_until is None:
             self.decide()
-        else:
+        elif not waiting:
             self.pulse(now)
         regular = now >= next_sample
         if regular or group.pool.size:

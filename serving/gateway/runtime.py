@@ -84,6 +84,7 @@ class Gateway:
             clock=self.clock,
             recent=self.recent,
             twins=self.twins,
+            hold_s=settings.hold_s,
         )
         self.health = RankHealth(settings, self.group, self.metrics, self.dispatcher.wake)
         self.drain = Drain(settings.drain_timeout_s)
@@ -182,6 +183,7 @@ class Gateway:
             "warmup_s": s.warmup,
             "seed": s.seed,
             "tick_s": s.tick_s,
+            "hold_s": s.hold_s,
             "sample_s": s.sample_s,
             "max_pool": s.max_pool,
             "tokenizer": s.tokenizer,

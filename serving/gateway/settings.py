@@ -78,7 +78,7 @@ class GatewaySettings(ServiceSettings):
     get_load: Literal["sglang", "load"] = Field(
         default="sglang",
         description="shape of GET /get_load for a front router: SGLang's list per rank "
-        "(sglang-router) or {\"load\": n} (vllm-router)",
+        '(sglang-router) or {"load": n} (vllm-router)',
     )
     tokenizer: str | None = Field(
         default=None, description="a Hugging Face tokenizer.json for exact prompt counts"
@@ -92,6 +92,16 @@ class GatewaySettings(ServiceSettings):
         le=1,
         allow_inf_nan=False,
         description="the decision loop's tick (no longer than one engine step)",
+    )
+    hold_s: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        allow_inf_nan=False,
+        description="while the group is at least half full, a decision an arrival or a finish "
+        "asks for waits this long (the ones asked for meanwhile join it): a burst of arrivals and the finishes "
+        "of one engine step are decided together, as the simulator decides an iteration's "
+        "(keep it below one engine step; 0: decide at once)",
     )
     sample_s: float = Field(
         default=0.1,
@@ -195,7 +205,9 @@ class GatewaySettings(ServiceSettings):
             if self.group_size is None:
                 raise ValueError("header mode needs group_size: the number of ranks upstream")
         elif self.group_size is not None and self.group_size != len(self.rank_urls):
-            raise ValueError(f"group_size {self.group_size} differs from {len(self.rank_urls)} URLs")
+            raise ValueError(
+                f"group_size {self.group_size} differs from {len(self.rank_urls)} URLs"
+            )
         if self.arms is not None and self.estimator_url is not None:
             raise ValueError("estimator_url applies to router; with arms give each its estimator")
         if self.warmup >= self.switch_every_s:

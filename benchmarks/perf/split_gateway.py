@@ -24,6 +24,11 @@ Per run:
   client's TTFT minus the engine's own first-chunk time, through the gateway minus straight to
   the ranks (``live_gateway.py``'s measure).
 
+``--pool DIR,DIR,...`` pools repeated runs of one mode (``--modes``, ``--traces``, one
+``--time-scales``) made with the same ``--requests`` and ``--train``: BR-H's live ratio as the
+mean of its steady imbalance over every run against ``count-jsq``'s, each run resampled in
+blocks within itself, beside the simulator's and each run's own.
+
 ``--profile DIR`` instead runs the one-process gateway (or the relay workers, ``--modes relay1``)
 under cProfile with ``brh`` and writes the top functions by own time.
 
@@ -447,7 +452,11 @@ def main() -> None:
     p.add_argument("--profile", metavar="DIR", help="profile the gateway (brh) instead")
     p.add_argument("--reanalyze", metavar="JSON", help="add the engine's view to a saved run")
     p.add_argument("--render", metavar="JSON", help="print the tables of a saved result")
+    p.add_argument("--pool", metavar="DIRS", help="pool repeated runs' BR-H ratios (--out of each)")
     args = p.parse_args()
+    if args.pool:
+        print(json.dumps(pool_runs(args), indent=2, default=float))
+        return
     if args.render:
         print(render(json.loads(Path(args.render).read_text())))
         return
@@ -558,6 +567,69 @@ def brh_ratio(mode: str, folder: Path, scale: str, sim: dict[str, np.ndarray]) -
         "live_over_sim": _ratio(lr, sr),
         "steady_iterations_live": {r: int(v.size) for r, v in live.items()},
     }
+
+
+def pooled_interval(a: list[np.ndarray], b: list[np.ndarray], seed: int = 0) -> list[float]:
+    """A 95% bootstrap interval of ``sum(mean(a_i)) / sum(mean(b_i))`` over repeated runs
+    ``i``, each run's series resampled in blocks of :data:`BLOCK` within itself (as
+    :func:`ratio_interval`; the runs are the repeats, each weighs the same)."""
+    rng = np.random.default_rng(seed)
+
+    def means(x: np.ndarray) -> np.ndarray:
+        blocks = np.lib.stride_tricks.sliding_window_view(x, BLOCK).mean(axis=1)
+        return blocks[rng.integers(0, blocks.size, (RESAMPLES, max(1, x.size // BLOCK)))].mean(1)
+
+    top = sum(means(x) for x in a)
+    bottom = sum(means(x) for x in b)
+    r = top / np.maximum(bottom, 1e-9)
+    return [float(np.percentile(r, 2.5)), float(np.percentile(r, 97.5))]
+
+
+def pool_runs(args: argparse.Namespace) -> dict[str, Any]:
+    """BR-H's live ratio pooled over the repeated runs in ``--pool`` (module docstring)."""
+    folders = [Path(d) for d in args.pool.split(",") if d]
+    name = args.traces.split(",")[0]
+    mode = args.modes.split(",")[0]
+    scale = f"x{float(args.time_scales.split(',')[0]):g}"
+    replays = [f / name / "replay.parquet" for f in folders]
+    missing = [str(r) for r in replays if not r.is_file()]
+    if missing:
+        raise SystemExit(f"--pool: no replay in {', '.join(missing)} (is --traces right?)")
+    if len({r.read_bytes() for r in replays}) > 1:
+        raise SystemExit("--pool: the runs replayed different requests (--requests, --train)")
+    live: dict[str, list[np.ndarray]] = {r: [] for r in ROUTERS}
+    clients: list[dict[str, Any]] = []  # what each run's client saw, per router
+    for f in folders:
+        seen: dict[str, Any] = {}
+        for r in ROUTERS:
+            run = f / name / f"{scale}-{mode}-{r.replace(':', '-')}"
+            summary = json.loads((run / "bench" / "summary.json").read_text())
+            seen[r] = {k: summary[k] for k in ("duration", "output_throughput", "median_ttft_ms",
+                                                "p95_ttft_ms", "p99_ttft_ms", "failed")}  # fmt: skip
+            series = steady_series(run)
+            if series.size < BLOCK:
+                raise SystemExit(f"--pool: {run} has {series.size} steady iterations (< {BLOCK})")
+            live[r].append(series)
+        clients.append(seen)
+    rel, _ = released(pd.read_parquet(replays[0]), args.load)
+    sim = {r: sim_series(rel, r) for r in ROUTERS}
+    sr = float(sim["brh:none"].mean() / sim["count-jsq"].mean())
+    lr = sum(float(x.mean()) for x in live["brh:none"]) / sum(
+        float(x.mean()) for x in live["count-jsq"]
+    )
+    ci = pooled_interval(live["brh:none"], live["count-jsq"])
+    return {
+        "trace": name, "mode": mode, "scale": scale, "runs": [str(f) for f in folders],
+        "per_run": [
+            {"brh:none": float(a.mean()), "count-jsq": float(b.mean()),
+             "live": float(a.mean() / b.mean()), "live_over_sim": float(a.mean() / b.mean()) / sr,
+             "client": c}
+            for a, b, c in zip(live["brh:none"], live["count-jsq"], clients, strict=True)
+        ],
+        "sim": sr, "sim_ci95": ratio_interval(sim["brh:none"], sim["count-jsq"]),
+        "live": lr, "live_ci95": ci,
+        "live_over_sim": lr / sr, "live_over_sim_ci95": [c / sr for c in ci],
+    }  # fmt: skip
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:

@@ -488,6 +488,8 @@ def figures(runs: dict[str, Run]) -> dict[str, Any]:
     return out
 
 
+# the lags measured live on Mooncake at x4 (hear 0.08 + U[0, 0.1), send 0.05 iterations)
+MEASURED = Lags(hear=0.08, jitter=0.1, send=0.05, midstep=True)
 GRID: dict[str, Lags] = {
     "simulator": Lags(),
     "arrivals within the iteration": Lags(midstep=True),
@@ -506,51 +508,22 @@ GRID: dict[str, Lags] = {
     ),
     "live-like slow (hear 3 + U[0, 6), send 3)": Lags(hear=3.0, jitter=6.0, send=3.0, midstep=True),
     "bursts apart": Lags(apart=True),
-    "bursts apart + measured lags (hear 0.08 + U[0, 0.1), send 0.05)": Lags(
-        hear=0.08, jitter=0.1, send=0.05, midstep=True, apart=True
+    "bursts apart + measured lags (hear 0.08 + U[0, 0.1), send 0.05)": replace(
+        MEASURED, apart=True
     ),
-    "measured lags, bursts together": Lags(hear=0.08, jitter=0.1, send=0.05, midstep=True),
-    "live (measured lags, bursts over 0.3)": Lags(
-        hear=0.08, jitter=0.1, send=0.05, midstep=True, apart=True, spread=0.3
+    "measured lags, bursts together": MEASURED,
+    "live (measured lags, bursts over 0.3)": replace(MEASURED, apart=True, spread=0.3),
+    "live, hold 0.2": replace(MEASURED, apart=True, spread=0.3, hold=0.2),
+    "live, hold 0.4": replace(MEASURED, apart=True, spread=0.3, hold=0.4),
+    "live, hold 0.4 from half full": replace(
+        MEASURED, apart=True, spread=0.3, hold=0.4, hold_from=0.5
     ),
-    "live, hold 0.2": Lags(
-        hear=0.08, jitter=0.1, send=0.05, midstep=True, apart=True, spread=0.3, hold=0.2
+    "live, bursts over 0.75": replace(MEASURED, apart=True, spread=0.75),
+    "live, bursts over 0.75, hold 0.35 from half full": replace(
+        MEASURED, apart=True, spread=0.75, hold=0.35, hold_from=0.5
     ),
-    "live, hold 0.4": Lags(
-        hear=0.08, jitter=0.1, send=0.05, midstep=True, apart=True, spread=0.3, hold=0.4
-    ),
-    "live, hold 0.4 from half full": Lags(
-        hear=0.08,
-        jitter=0.1,
-        send=0.05,
-        midstep=True,
-        apart=True,
-        spread=0.3,
-        hold=0.4,
-        hold_from=0.5,
-    ),
-    "live, bursts over 0.75": Lags(
-        hear=0.08, jitter=0.1, send=0.05, midstep=True, apart=True, spread=0.75
-    ),
-    "live, bursts over 0.75, hold 0.35 from half full": Lags(
-        hear=0.08,
-        jitter=0.1,
-        send=0.05,
-        midstep=True,
-        apart=True,
-        spread=0.75,
-        hold=0.35,
-        hold_from=0.5,
-    ),
-    "live, bursts over 0.75, hold 0.7 from half full": Lags(
-        hear=0.08,
-        jitter=0.1,
-        send=0.05,
-        midstep=True,
-        apart=True,
-        spread=0.75,
-        hold=0.7,
-        hold_from=0.5,
+    "live, bursts over 0.75, hold 0.7 from half full": replace(
+        MEASURED, apart=True, spread=0.75, hold=0.7, hold_from=0.5
     ),
     "age -3": Lags(age=-3),
     "age +3": Lags(age=3),

@@ -531,15 +531,7 @@ def ratio_interval(a: np.ndarray, b: np.ndarray, seed: int = 0) -> list[float] |
     neighbouring iterations are far from independent)."""
     if a.size < BLOCK or b.size < BLOCK:
         return None
-    rng = np.random.default_rng(seed)
-
-    def means(x: np.ndarray) -> np.ndarray:
-        blocks = np.lib.stride_tricks.sliding_window_view(x, BLOCK).mean(axis=1)
-        k = max(1, x.size // BLOCK)
-        return blocks[rng.integers(0, blocks.size, (RESAMPLES, k))].mean(axis=1)
-
-    r = means(a) / np.maximum(means(b), 1e-9)
-    return [float(np.percentile(r, 2.5)), float(np.percentile(r, 97.5))]
+    return pooled_interval([a], [b], seed)
 
 
 def sim_series(rel: ReleasedRequests, spec: str) -> np.ndarray:

@@ -7,7 +7,8 @@ one-process gateway; ``relayN``: ``--relay-workers N``), with ``count-jsq`` and 
 against a fresh ``balanceroute emulate`` group; and once straight to the ranks (round-robin).
 ``pfront`` and ``asgi`` name the one-process gateway's front (``--front protocol``, the default
 ``single`` runs too, or ``--front asgi``, the front before it); ``holdN`` is ``pfront`` with
-``--hold Nms`` (bursts and one step's finishes decided together).
+``--hold Nms`` (bursts and one step's finishes decided together), ``holdNqM`` adds
+``--hold-quiet Mms``.
 ``--modes ...,nginx`` adds Debian's nginx as a round-robin proxy (one worker, unbuffered): what a
 compiled data plane costs per token, without any admission.
 Per run:
@@ -27,7 +28,10 @@ Per run:
 ``--pool DIR,DIR,...`` pools repeated runs of one mode (``--modes``, ``--traces``, one
 ``--time-scales``) made with the same ``--requests`` and ``--train``: BR-H's live ratio as the
 mean of its steady imbalance over every run against ``count-jsq``'s, each run resampled in
-blocks within itself, beside the simulator's and each run's own.
+blocks within itself, beside the simulator's and each run's own; ``--sim-draws N`` also pools the
+simulator over N replays of the same requests with each send up to ``--sim-jitter-ms`` late (one
+replay of a saturated group is one draw of a chaotic trajectory) and gives the live ratio over
+that ensemble's, with an interval over both resamplings.
 
 ``--profile DIR`` instead runs the one-process gateway (or the relay workers, ``--modes relay1``)
 under cProfile with ``brh`` and writes the top functions by own time.
@@ -44,6 +48,7 @@ import os
 import pstats
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +84,7 @@ from live_gateway import (
     steady_series,
     stop,
 )
+from side_by_side_intervals import median_gap
 
 ROUTERS = ("count-jsq", "brh:none")
 VIEW_KEYS = ("tick_gap_", "view_error_", "forward_lag_", "finish_heard_lag_")  # gateway_view()
@@ -96,16 +102,20 @@ FRONTS = {"pfront": "protocol", "asgi": "asgi"}  # one process with that front, 
 def mode_args(mode: str) -> list[str]:
     """The gateway flags of a mode: ``single`` (the default front, now Protocol), ``pfront``
     (``--front protocol``), ``asgi`` (``--front asgi``), ``holdN`` (the Protocol front with
-    ``--hold Nms``) or ``relayN`` (``nginx``: no gateway)."""
+    ``--hold Nms``), ``holdNqM`` (with ``--hold-quiet Mms``) or ``relayN`` (``nginx``: no
+    gateway)."""
     if mode in ("single", "nginx"):
         return []
     if mode in FRONTS:
         return ["--front", FRONTS[mode]]
     if mode.startswith("hold") and mode[4:].isdigit():
         return ["--front", "protocol", "--hold", f"{mode[4:]}ms"]
+    hold, _, quiet = mode[4:].partition("q")
+    if mode.startswith("hold") and hold.isdigit() and quiet.isdigit():
+        return ["--front", "protocol", "--hold", f"{hold}ms", "--hold-quiet", f"{quiet}ms"]
     if mode.startswith("relay") and mode[5:].isdigit():
         return ["--relay-workers", mode[5:]]
-    raise SystemExit(f"unknown mode {mode!r}: single, pfront, asgi, holdN or relayN")
+    raise SystemExit(f"unknown mode {mode!r}: single, pfront, asgi, holdN, holdNqM or relayN")
 
 
 def start_gateway(urls: list[str], extra: list[str], out_dir: Path,
@@ -453,7 +463,16 @@ def main() -> None:
     p.add_argument("--reanalyze", metavar="JSON", help="add the engine's view to a saved run")
     p.add_argument("--render", metavar="JSON", help="print the tables of a saved result")
     p.add_argument("--pool", metavar="DIRS", help="pool repeated runs' BR-H ratios (--out of each)")
+    p.add_argument("--sim-draws", type=int, default=0, metavar="N",
+                   help="with --pool: also the simulator pooled over N replays with send jitter")  # fmt: skip
+    p.add_argument("--sim-jitter-ms", type=float, default=5.0,
+                   help="with --sim-draws: each send up to this many real ms late (uniform)")  # fmt: skip
+    p.add_argument("--compare", metavar="A,B",
+                   help="paired TTFT and throughput of mode B against mode A in --out (no run)")  # fmt: skip
     args = p.parse_args()
+    if args.compare:
+        print(json.dumps(compare_modes(args), indent=2, default=float))
+        return
     if args.pool:
         print(json.dumps(pool_runs(args), indent=2, default=float))
         return
@@ -561,10 +580,10 @@ def brh_ratio(mode: str, folder: Path, scale: str, sim: dict[str, np.ndarray]) -
     }
 
 
-def pooled_interval(a: list[np.ndarray], b: list[np.ndarray], seed: int = 0) -> list[float]:
-    """A 95% bootstrap interval of ``sum(mean(a_i)) / sum(mean(b_i))`` over repeated runs
-    ``i``, each run's series resampled in blocks of :data:`BLOCK` within itself (as
-    :func:`ratio_interval`; the runs are the repeats, each weighs the same)."""
+def pooled_resamples(a: list[np.ndarray], b: list[np.ndarray], seed: int = 0) -> np.ndarray:
+    """:data:`RESAMPLES` bootstrap draws of ``sum(mean(a_i)) / sum(mean(b_i))`` over repeated
+    runs ``i``, each run's series resampled in blocks of :data:`BLOCK` within itself (the runs
+    are the repeats, each weighs the same)."""
     rng = np.random.default_rng(seed)
 
     def means(x: np.ndarray) -> np.ndarray:
@@ -573,8 +592,48 @@ def pooled_interval(a: list[np.ndarray], b: list[np.ndarray], seed: int = 0) -> 
 
     top = sum(means(x) for x in a)
     bottom = sum(means(x) for x in b)
-    r = top / np.maximum(bottom, 1e-9)
+    return top / np.maximum(bottom, 1e-9)
+
+
+def pooled_interval(a: list[np.ndarray], b: list[np.ndarray], seed: int = 0) -> list[float]:
+    """The 95% interval of :func:`pooled_resamples`."""
+    return _ci95(pooled_resamples(a, b, seed))
+
+
+def _ci95(r: np.ndarray) -> list[float]:
     return [float(np.percentile(r, 2.5)), float(np.percentile(r, 97.5))]
+
+
+def send_jittered(rel: ReleasedRequests, jitter_s: float, seed: int) -> ReleasedRequests:
+    """The same requests, each released up to ``jitter_s`` model seconds later (uniform; the
+    order kept): a client whose sends run a few milliseconds late."""
+    rng = np.random.default_rng(seed)
+    late = rel.release_s + rng.uniform(0.0, jitter_s, rel.size)
+    return replace(rel, release_s=np.maximum.accumulate(late))
+
+
+def sim_ensemble(rel: ReleasedRequests, draws: int, jitter_s: float) -> dict[str, Any]:
+    """The simulator's BR-H ratio over ``draws`` replays of the same requests with send jitter
+    (:func:`send_jittered`, seeds 0..draws-1): one replay of a saturated group is one draw of a
+    chaotic trajectory, so the reference a pooled live ratio compares with is pooled the same
+    way (the sum of the draws' steady means, BR-H over ``count-jsq``), with the draws' resamples
+    (:data:`RESAMPLES`, the draws resampled whole, the two routers of a draw together)."""
+    means = np.array(
+        [[float(sim_series(send_jittered(rel, jitter_s, d), r).mean()) for r in ROUTERS]
+         for d in range(draws)]
+    )  # fmt: skip
+    pick = np.random.default_rng(1).integers(0, draws, (RESAMPLES, draws))
+    boot = means[pick, 1].sum(1) / means[pick, 0].sum(1)
+    print(f"simulator ensemble: {draws} draws done", file=sys.stderr, flush=True)
+    return {
+        "ratio": float(means[:, 1].sum() / means[:, 0].sum()),
+        "ci95": _ci95(boot),
+        "resamples": boot,
+        "steady_mean": {r: float(means[:, i].mean()) for i, r in enumerate(ROUTERS)},
+        "per_draw_ratio_p10_p50_p90": np.percentile(
+            means[:, 1] / means[:, 0], [10, 50, 90]
+        ).tolist(),
+    }
 
 
 def pool_runs(args: argparse.Namespace) -> dict[str, Any]:
@@ -609,7 +668,18 @@ def pool_runs(args: argparse.Namespace) -> dict[str, Any]:
     lr = sum(float(x.mean()) for x in live["brh:none"]) / sum(
         float(x.mean()) for x in live["count-jsq"]
     )
-    ci = pooled_interval(live["brh:none"], live["count-jsq"])
+    boot = pooled_resamples(live["brh:none"], live["count-jsq"])
+    ci = _ci95(boot)
+    ensemble: dict[str, Any] = {}
+    if args.sim_draws:
+        jitter_s = args.sim_jitter_ms / 1e3 * float(args.time_scales.split(",")[0])
+        ens = sim_ensemble(rel, args.sim_draws, jitter_s)
+        rest = ens.pop("resamples")
+        ensemble = {
+            "sim_ensemble": {"draws": args.sim_draws, "jitter_ms": args.sim_jitter_ms, **ens},
+            "live_over_sim_ensemble": lr / ens["ratio"],
+            "live_over_sim_ensemble_ci95": _ci95(boot / rest),
+        }
     return {
         "trace": name, "mode": mode, "scale": scale, "runs": [str(f) for f in folders],
         "per_run": [
@@ -621,7 +691,39 @@ def pool_runs(args: argparse.Namespace) -> dict[str, Any]:
         "sim": sr, "sim_ci95": ratio_interval(sim["brh:none"], sim["count-jsq"]),
         "live": lr, "live_ci95": ci,
         "live_over_sim": lr / sr, "live_over_sim_ci95": [c / sr for c in ci],
+        **ensemble,
     }  # fmt: skip
+
+
+def compare_modes(args: argparse.Namespace) -> dict[str, Any]:
+    """Mode B against mode A (``--compare A,B``) in one ``--out``, per router: each request's
+    client TTFT paired over the two runs (the same requests), median of B minus median of A with
+    a paired 95% bootstrap, the share of requests B made later, and each run's throughput."""
+    a_mode, b_mode = args.compare.split(",")
+    name = args.traces.split(",")[0]
+    scale = f"x{float(args.time_scales.split(',')[0]):g}"
+    rng = np.random.default_rng(0)
+    out: dict[str, Any] = {"trace": name, "scale": scale, "a": a_mode, "b": b_mode}
+    for r in ROUTERS:
+        runs = [
+            Path(args.out) / name / f"{scale}-{m}-{r.replace(':', '-')}" for m in (a_mode, b_mode)
+        ]
+        missing = [str(x) for x in runs if not (x / "bench" / "requests.parquet").is_file()]
+        if missing:
+            raise SystemExit(f"--compare: no bench requests in {', '.join(missing)}")
+        ttft = [pd.read_parquet(x / "bench" / "requests.parquet").set_index("request_id")["ttft_s"] * 1e3
+                for x in runs]  # fmt: skip
+        both = pd.concat(ttft, axis=1, join="inner").dropna().to_numpy()
+        summaries = [json.loads((x / "bench" / "summary.json").read_text()) for x in runs]
+        out[r] = {
+            "ttft_p50_ms": [float(np.median(both[:, 0])), float(np.median(both[:, 1]))],
+            "ttft_p90_ms": np.percentile(both, 90, axis=0).tolist(),
+            "b_minus_a_p50": median_gap(pd.Series(both[:, 1]), pd.Series(both[:, 0]), 4000, rng),
+            "b_later_share": float((both[:, 1] > both[:, 0]).mean()),
+            "output_throughput": [s["output_throughput"] for s in summaries],
+            "failed": [s["failed"] for s in summaries],
+        }
+    return out
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:

@@ -72,6 +72,7 @@ from balanceroute.serving.testbed.emulator.iterlog import rank_matrix, read_log
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "perf"))
 from live_gateway import COST, DATA, TRACES, B, G, rebased, released
+from split_gateway import send_jittered
 
 HEAR, ARRIVE, SEND = 0, 1, 2  # event kinds, in this order at equal times
 
@@ -561,27 +562,27 @@ def summarize(cases: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     return out
 
 
-def jittered(rel: ReleasedRequests, jitter_s: float, seed: int) -> ReleasedRequests:
-    """The same requests, each released up to ``jitter_s`` model seconds later (uniform; the
-    order kept): a client whose sends run a few milliseconds late."""
-    rng = np.random.default_rng(seed)
-    late = rel.release_s + rng.uniform(0.0, jitter_s, rel.size)
-    return replace(rel, release_s=np.maximum.accumulate(late))
-
-
 def arrival_spread(rel: ReleasedRequests, jitter_s: float, seeds: int) -> dict[str, Any]:
     """The simulator itself (no lag) on ``seeds`` draws of arrival jitter: how far one run's
     ratio moves from the simulator's point with nothing but send times a little off."""
     sim = figures({s: replay(rel, s, Lags()) for s in ROUTERS})
     out: dict[str, list[float]] = {"ratio": [], "count-jsq": [], "brh:none": []}
+    steady: dict[str, list[float]] = {spec: [] for spec in ROUTERS}
     for seed in range(seeds):
-        f = figures({s: replay(jittered(rel, jitter_s, seed), s, Lags()) for s in ROUTERS})
+        f = figures({s: replay(send_jittered(rel, jitter_s, seed), s, Lags()) for s in ROUTERS})
         out["ratio"].append(f["ratio"] / sim["ratio"])
         for spec in ROUTERS:
+            steady[spec].append(f[spec]["steady_imbalance"])
             out[spec].append(f[spec]["steady_imbalance"] / sim[spec]["steady_imbalance"])
+    pooled = sum(steady["brh:none"]) / sum(steady["count-jsq"])
     return {
         "jitter_model_s": jitter_s,
         "sim_ratio": sim["ratio"],
+        # the ratio of the draws' summed steady imbalances: the estimator split_gateway.py --pool
+        # applies to live repeats, so the two compare like for like
+        "pooled_ratio": round(pooled, 4),
+        "pooled_ratio_over_sim": round(pooled / sim["ratio"], 3),
+        "steady_imbalance_mean": {k: round(float(np.mean(v))) for k, v in steady.items()},
         **{
             f"{k}_over_sim_p10_p50_p90": np.percentile(v, [10, 50, 90]).round(3).tolist()
             for k, v in out.items()

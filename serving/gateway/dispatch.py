@@ -14,7 +14,11 @@ starved of data.
 A request that arrives alone into a group with a free slot is decided at once
 (:meth:`Dispatcher.arrived`), unless a hold is set (``hold_s``, ``--hold``): then, while the group
 is at least half full, the decision an arrival or a finish asks for waits ``hold_s`` and every one
-asked for meanwhile joins it. A trace's burst (requests with one timestamp, sent one after the
+asked for meanwhile joins it; with ``quiet_s`` (``--hold-quiet``) the held decision comes as soon
+as nothing has asked for ``quiet_s`` (the burst, or the step's finishes, read whole), ``hold_s``
+after the first ask at the latest, so a lone arrival waits ``quiet_s``, not the whole hold; and
+an arrival within ``quiet_s`` of the one before (a burst) is held at any fill, so a burst into a
+group still filling is decided together too (a lone arrival there is still decided at once). A trace's burst (requests with one timestamp, sent one after the
 other) and the finishes of one engine step are then decided together, as the simulator decides
 each iteration's arrivals; decided one by one, a burst's first requests go to the rank with the
 most free slots whatever they weigh (BR-H's first stage), which on Mooncake's long prompts cost
@@ -76,10 +80,14 @@ class Dispatcher:
         recent: RecentCompletions | None = None,
         twins: GatewayTwins | None = None,
         hold_s: float = 0.0,
+        quiet_s: float = 0.0,
     ) -> None:
         self.group = group
         self.hold_s = hold_s
-        self._hold_until: float | None = None  # the held decision's time, while one is held
+        self.quiet_s = quiet_s
+        self._hold_until: float | None = None  # the held decision's latest time, while held
+        self._last_ask = 0.0  # when a decision was last asked for during the hold
+        self._last_arrival = -1.0  # when the last request arrived (bursts, with quiet_s)
         self.twins = twins
         self.arms = {a.label: a for a in arms}
         self.recent = recent
@@ -131,7 +139,7 @@ class Dispatcher:
         wait for the event loop's next pass), else at the loop's next pass (:meth:`wake`); with a
         hold and a group at least half full, in the held decision (:meth:`_hold`)."""
         group = self.group
-        if self._hold():
+        if self._hold(arrival=True):
             self._ring()
         elif group.pool.size == 1 and group.has_free_slot():
             self._ring()
@@ -139,19 +147,35 @@ class Dispatcher:
         else:
             self.wake()
 
-    def _hold(self) -> bool:
+    def _hold(self, *, arrival: bool = False) -> bool:
         """Whether the decision asked for now waits for the held one (module docstring): a
-        hold is set and at least :data:`HOLD_FROM` of the slots are taken (the group steps);
+        hold is set and at least :data:`HOLD_FROM` of the slots are taken (the group steps),
+        or (``quiet_s``) an ``arrival`` came within ``quiet_s`` of the one before (a burst);
         the first ask starts the hold."""
-        group = self.group
-        if self.hold_s <= 0 or group.inflight.sum() < HOLD_FROM * group.ranks * group.slots:
+        if self.hold_s <= 0:
             return False
+        group = self.group
+        now = self.clock()
+        burst = False
+        if arrival and self.quiet_s > 0:
+            burst = now - self._last_arrival < self.quiet_s
+            self._last_arrival = now
+        if not burst and group.inflight.sum() < HOLD_FROM * group.ranks * group.slots:
+            return False
+        self._last_ask = now
         if self._hold_until is None:
-            self._hold_until = self.clock() + self.hold_s
-            asyncio.get_running_loop().call_later(self.hold_s, self._held_decision)
+            self._hold_until = now + self.hold_s
+            wait = min(self.quiet_s, self.hold_s) if self.quiet_s > 0 else self.hold_s
+            asyncio.get_running_loop().call_later(wait, self._held_decision)
         return True
 
     def _held_decision(self) -> None:
+        """The held decision, or (``quiet_s``) a later look if something asked meanwhile."""
+        if self.quiet_s > 0 and self._hold_until is not None:
+            wait = min(self._hold_until, self._last_ask + self.quiet_s) - self.clock()
+            if wait > TIMER_SLACK_S:
+                asyncio.get_running_loop().call_later(wait, self._held_decision)
+                return
         self._hold_until = None
         self.decide()
 

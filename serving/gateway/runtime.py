@@ -85,6 +85,7 @@ class Gateway:
             recent=self.recent,
             twins=self.twins,
             hold_s=settings.hold_s,
+            quiet_s=settings.hold_quiet_s,
         )
         self.health = RankHealth(settings, self.group, self.metrics, self.dispatcher.wake)
         self.drain = Drain(settings.drain_timeout_s)
@@ -184,6 +185,7 @@ class Gateway:
             "seed": s.seed,
             "tick_s": s.tick_s,
             "hold_s": s.hold_s,
+            "hold_quiet_s": s.hold_quiet_s,
             "sample_s": s.sample_s,
             "max_pool": s.max_pool,
             "tokenizer": s.tokenizer,

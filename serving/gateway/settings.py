@@ -103,6 +103,14 @@ class GatewaySettings(ServiceSettings):
         "of one engine step are decided together, as the simulator decides an iteration's "
         "(keep it below one engine step; 0: decide at once)",
     )
+    hold_quiet_s: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        allow_inf_nan=False,
+        description="with a hold: decide once nothing has asked for a decision this long (the "
+        "burst or the step's finishes read whole), the hold at the latest (0: the whole hold)",
+    )
     sample_s: float = Field(
         default=0.1,
         gt=0,

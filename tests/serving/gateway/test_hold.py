@@ -21,11 +21,12 @@ from balanceroute.serving.gateway.switchback import Switchback
 class Counted(Dispatcher):
     """A ``count-jsq`` dispatcher that counts its decisions and the admissions of each."""
 
-    def __init__(self, group: LiveGroup, hold_s: float) -> None:
+    def __init__(self, group: LiveGroup, hold_s: float, quiet_s: float = 0.0, clock=None) -> None:
         spec = RouterSpec.parse("count-jsq")
         arm = Arm("count-jsq", spec, spec.build_policy(None), None)
         sb = Switchback([arm.label], 1e9, 0.0, 0, 0.0)
-        super().__init__(group, [arm], sb, GatewayMetrics(), hold_s=hold_s)
+        more = {} if clock is None else {"clock": clock}
+        super().__init__(group, [arm], sb, GatewayMetrics(), hold_s=hold_s, quiet_s=quiet_s, **more)
         self.admitted: list[int] = []
 
     def decide(self) -> int:
@@ -96,3 +97,91 @@ def test_the_hold_setting_defaults_to_off_and_is_bounded() -> None:
     for bad in (-0.001, 2.0):
         with pytest.raises(ValueError, match="hold_s"):
             GatewaySettings(ranks=ranks, slots=2, hold_s=bad)
+
+
+def _half_full(now: list[float], hold_s: float) -> tuple[LiveGroup, Counted]:
+    """A half-full group of 2 x 4 slots and its dispatcher with a 0.02 s quiet hold on the
+    test's clock ``now[0]``."""
+    group = LiveGroup.sized(ranks=2, slots=4, max_pool=16)
+    d = Counted(group, hold_s=hold_s, quiet_s=0.02, clock=lambda: now[0])
+    _running(group, d, 4)
+    d.admitted.clear()
+    return group, d
+
+
+def test_a_quiet_hold_decides_once_nothing_asked_for_the_quiet_time() -> None:
+    """``quiet_s``: the held decision comes once nothing has asked for ``quiet_s``, not at the
+    hold's end; an ask during the quiet time puts it off, and the burst is still one decision
+    (the dispatcher's clock is the test's, so no wall time is asserted)."""
+
+    async def scenario() -> None:
+        now = [0.0]
+        group, d = _half_full(now, hold_s=1.0)
+        futs = []
+        for t, key in ((0.0, 2), (0.015, 3)):  # the second ask within the first's quiet time
+            now[0] = t
+            p = group.arrive(10 * key, key, t)
+            futs.append(d.waiter(p))
+            d.arrived()
+        now[0] = 0.025  # 0.02 after the first ask, 0.01 after the second: still held
+        d._held_decision()
+        assert d.admitted == [] and not any(f.done() for f in futs)
+        now[0] = 0.04  # quiet for 0.025 > 0.02, far before the hold's end (1.0)
+        d._held_decision()
+        assert d.admitted == [2] and all(f.done() for f in futs)
+        assert d._hold_until is None
+
+    asyncio.run(scenario())
+
+
+def test_a_quiet_hold_still_ends_at_the_hold() -> None:
+    """Asks that never stop for ``quiet_s`` do not hold the decision past ``hold_s``."""
+
+    async def scenario() -> None:
+        now = [0.0]
+        group, d = _half_full(now, hold_s=0.05)
+        for i in range(6):  # an ask every 0.01 s: never quiet for 0.02
+            now[0] = 0.01 * i
+            d.waiter(group.arrive(10, 20 + i, now[0]))
+            d.arrived()
+            d._held_decision()
+            assert d.admitted == ([] if i < 5 else [4])  # at 0.05, the hold's end: every free slot
+        assert group.pool.size == 2 and d._hold_until is None
+
+    asyncio.run(scenario())
+
+
+def test_the_quiet_setting_defaults_to_off_and_is_bounded() -> None:
+    """``hold_quiet_s`` is 0 (the whole hold) unless set; it must lie in [0, 1] s."""
+    ranks = ["http://127.0.0.1:9"]
+    assert GatewaySettings(ranks=ranks, slots=2).hold_quiet_s == 0.0
+    for bad in (-0.001, 2.0):
+        with pytest.raises(ValueError, match="hold_quiet_s"):
+            GatewaySettings(ranks=ranks, slots=2, hold_s=0.03, hold_quiet_s=bad)
+
+
+def test_a_burst_into_a_filling_group_is_held_after_its_first_request() -> None:
+    """With ``quiet_s``, into an empty group: a lone arrival is decided at once (low-load TTFT
+    untouched); the next ones within ``quiet_s`` of their predecessor are a burst, held and
+    decided together once quiet; an arrival after a quiet gap is alone again."""
+
+    async def scenario() -> None:
+        now = [0.0]
+        group = LiveGroup.sized(ranks=2, slots=4, max_pool=8)
+        d = Counted(group, hold_s=0.05, quiet_s=0.005, clock=lambda: now[0])
+
+        def arrive(t: float, key: int) -> asyncio.Future[int]:
+            now[0] = t
+            fut = d.waiter(group.arrive(10 * key, key, t))
+            d.arrived()
+            return fut
+
+        assert arrive(1.0, 1).done() and d.admitted == [1]
+        burst = [arrive(1.002, 2), arrive(1.004, 3)]
+        assert not any(f.done() for f in burst) and d.admitted == [1]
+        now[0] = 1.0095  # 5.5 ms after the burst's last arrival
+        d._held_decision()
+        assert all(f.done() for f in burst) and d.admitted == [1, 2]
+        assert arrive(1.5, 4).done() and d.admitted == [1, 2, 1]
+
+    asyncio.run(scenario())

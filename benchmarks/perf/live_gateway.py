@@ -205,12 +205,19 @@ def steady_mask(out: Path, iterations: pd.DataFrame) -> np.ndarray:
     return waiting
 
 
-def steady_series(out: Path) -> np.ndarray:
-    """The imbalance ``G max - sum`` of every live steady iteration, in order (for intervals)."""
+def steady_series(out: Path, saturated: float = 0.0) -> np.ndarray:
+    """The imbalance ``G max - sum`` of every live steady iteration, in order (for intervals);
+    with ``saturated``, only those with at least that share of the slots running (a request
+    held by ``--hold`` waits in the pool while slots are free: the simulator's steady
+    iterations are all full)."""
     iterations, _ = read_log(out / "emulator")
     loads = rank_matrix(iterations, "loads").astype(np.float64)
     imb = loads.shape[1] * loads.max(axis=1) - loads.sum(axis=1)
-    return imb[steady_mask(out, iterations)]
+    mask = steady_mask(out, iterations)
+    if saturated > 0:
+        running = rank_matrix(iterations, "running").sum(axis=1)
+        mask &= running >= saturated * G * B
+    return imb[mask]
 
 
 def live_figures(out: Path, summary: dict, ts: float, step: float | None, n: int) -> dict:

@@ -31,7 +31,9 @@ mean of its steady imbalance over every run against ``count-jsq``'s, each run re
 blocks within itself, beside the simulator's and each run's own; ``--sim-draws N`` also pools the
 simulator over N replays of the same requests with each send up to ``--sim-jitter-ms`` late (one
 replay of a saturated group is one draw of a chaotic trajectory) and gives the live ratio over
-that ensemble's, with an interval over both resamplings.
+that ensemble's, with an interval over both resamplings; ``--saturated 0.95`` keeps only the live
+steady iterations with 95% of the slots running (with ``--hold`` a held request waits while slots
+are free, which the simulator's steady iterations never have).
 
 ``--profile DIR`` instead runs the one-process gateway (or the relay workers, ``--modes relay1``)
 under cProfile with ``brh`` and writes the top functions by own time.
@@ -467,6 +469,8 @@ def main() -> None:
                    help="with --pool: also the simulator pooled over N replays with send jitter")  # fmt: skip
     p.add_argument("--sim-jitter-ms", type=float, default=5.0,
                    help="with --sim-draws: each send up to this many real ms late (uniform)")  # fmt: skip
+    p.add_argument("--saturated", type=float, default=0.0, metavar="SHARE",
+                   help="with --pool: live steady iterations only with this share of the slots running")  # fmt: skip
     p.add_argument("--compare", metavar="A,B",
                    help="paired TTFT and throughput of mode B against mode A in --out (no run)")  # fmt: skip
     args = p.parse_args()
@@ -657,7 +661,7 @@ def pool_runs(args: argparse.Namespace) -> dict[str, Any]:
             summary = json.loads((run / "bench" / "summary.json").read_text())
             seen[r] = {k: summary[k] for k in ("duration", "output_throughput", "median_ttft_ms",
                                                 "p95_ttft_ms", "p99_ttft_ms", "failed")}  # fmt: skip
-            series = steady_series(run)
+            series = steady_series(run, args.saturated)
             if series.size < BLOCK:
                 raise SystemExit(f"--pool: {run} has {series.size} steady iterations (< {BLOCK})")
             live[r].append(series)

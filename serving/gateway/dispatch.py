@@ -155,13 +155,15 @@ class Dispatcher:
         if self.hold_s <= 0:
             return False
         group = self.group
-        now = self.clock()
-        burst = False
-        if arrival and self.quiet_s > 0:
-            burst = now - self._last_arrival < self.quiet_s
-            self._last_arrival = now
-        if not burst and group.inflight.sum() < HOLD_FROM * group.ranks * group.slots:
+        full = group.inflight.sum() >= HOLD_FROM * group.ranks * group.slots
+        watch = arrival and self.quiet_s > 0  # bursts are watched for at any fill
+        if not (full or watch):
             return False
+        now = self.clock()
+        if watch:
+            burst, self._last_arrival = now - self._last_arrival < self.quiet_s, now
+            if not (full or burst):
+                return False
         self._last_ask = now
         if self._hold_until is None:
             self._hold_until = now + self.hold_s

@@ -82,6 +82,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--hold-quiet", dest="hold_quiet_s", type=duration,
                    help="with --hold: decide once nothing asked for a decision this long, the "
                    "hold at the latest (off by default: the whole hold)")  # fmt: skip
+    r.add_argument("--hold-step", dest="hold_step_s", type=duration,
+                   help="where a hold applies, decide this long before the group's next step "
+                   "ends, from the tokens' arrival times (off by default; a few ms: the time "
+                   "to hear a token plus the time to forward a request)")  # fmt: skip
     r.add_argument("--sample", dest="sample_s", type=duration,
                    help="the group's sample (metrics, A/B imbalance, ticks.parquet) while no "
                    "request waits (100ms; every tick while one does)")  # fmt: skip
@@ -149,7 +153,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 FLAGS = ("ranks", "slots", "rank_header", "group_size", "router", "estimator", "estimator_url",
-         "estimator_timeout_s", "history", "tokenizer", "max_pool", "tick_s", "hold_s", "hold_quiet_s", "sample_s", "max_attempts",
+         "estimator_timeout_s", "history", "tokenizer", "max_pool", "tick_s", "hold_s", "hold_quiet_s", "hold_step_s", "sample_s", "max_attempts",
          "first_token_timeout_s", "chunk_timeout_s", "drain_timeout_s", "no_rank_wait_s",
          "arms", "switch_every_s", "warmup_s", "seed", "track", "host", "port", "out",
          "health_interval_s", "health_fall", "health_rise", "header_timeout_s", "body_timeout_s",

@@ -8,7 +8,8 @@ against a fresh ``balanceroute emulate`` group; and once straight to the ranks (
 ``pfront`` and ``asgi`` name the one-process gateway's front (``--front protocol``, the default
 ``single`` runs too, or ``--front asgi``, the front before it); ``holdN`` is ``pfront`` with
 ``--hold Nms`` (bursts and one step's finishes decided together), ``holdNqM`` adds
-``--hold-quiet Mms``.
+``--hold-quiet Mms``, ``stepN`` is ``hold30q5`` with ``--hold-step Nms`` (the held decision
+N ms before the group's next step where the gateway knows its phase).
 ``--modes ...,nginx`` adds Debian's nginx as a round-robin proxy (one worker, unbuffered): what a
 compiled data plane costs per token, without any admission.
 Per run:
@@ -104,8 +105,9 @@ FRONTS = {"pfront": "protocol", "asgi": "asgi"}  # one process with that front, 
 def mode_args(mode: str) -> list[str]:
     """The gateway flags of a mode: ``single`` (the default front, now Protocol), ``pfront``
     (``--front protocol``), ``asgi`` (``--front asgi``), ``holdN`` (the Protocol front with
-    ``--hold Nms``), ``holdNqM`` (with ``--hold-quiet Mms``) or ``relayN`` (``nginx``: no
-    gateway)."""
+    ``--hold Nms``), ``holdNqM`` (with ``--hold-quiet Mms``), ``stepN`` (``hold30q5`` deciding
+    ``--hold-step Nms`` before the group's next step where its phase is known) or ``relayN``
+    (``nginx``: no gateway)."""
     if mode in ("single", "nginx"):
         return []
     if mode in FRONTS:
@@ -115,9 +117,14 @@ def mode_args(mode: str) -> list[str]:
     hold, _, quiet = mode[4:].partition("q")
     if mode.startswith("hold") and hold.isdigit() and quiet.isdigit():
         return ["--front", "protocol", "--hold", f"{hold}ms", "--hold-quiet", f"{quiet}ms"]
+    if mode.startswith("step") and mode[4:].isdigit():
+        return ["--front", "protocol", "--hold", "30ms", "--hold-quiet", "5ms",
+                "--hold-step", f"{mode[4:]}ms"]  # fmt: skip
     if mode.startswith("relay") and mode[5:].isdigit():
         return ["--relay-workers", mode[5:]]
-    raise SystemExit(f"unknown mode {mode!r}: single, pfront, asgi, holdN, holdNqM or relayN")
+    raise SystemExit(
+        f"unknown mode {mode!r}: single, pfront, asgi, holdN, holdNqM, stepN or relayN"
+    )
 
 
 def start_gateway(urls: list[str], extra: list[str], out_dir: Path,
@@ -461,6 +468,9 @@ def main() -> None:
     p.add_argument("--ttft-requests", type=int, default=150)
     p.add_argument("--ttft-load", type=float, default=0.2)
     p.add_argument("--no-ttft", action="store_true")
+    p.add_argument("--no-direct", action="store_true",
+                   help="skip bench straight to the ranks (a repeat for --pool, which reads "
+                   "only the gateway's runs)")  # fmt: skip
     p.add_argument("--profile", metavar="DIR", help="profile the gateway (brh) instead")
     p.add_argument("--reanalyze", metavar="JSON", help="add the engine's view to a saved run")
     p.add_argument("--render", metavar="JSON", help="print the tables of a saved result")
@@ -515,8 +525,9 @@ def main() -> None:
         series = {r: sim_series(rel, r) for r in ROUTERS if r in routers}
         for ts in scales:
             runs: dict[str, Any] = {}
-            runs["direct"] = one_run(None, None, trace, args.requests, ts, args.load,
-                                     folder / f"x{ts:g}-direct")  # fmt: skip
+            if not args.no_direct:
+                runs["direct"] = one_run(None, None, trace, args.requests, ts, args.load,
+                                         folder / f"x{ts:g}-direct")  # fmt: skip
             for mode in modes:
                 if mode == "nginx":  # round-robin, no router: one run
                     runs["nginx"] = one_run(mode, None, trace, args.requests, ts, args.load,

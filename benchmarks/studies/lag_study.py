@@ -30,6 +30,9 @@ alone:
 - ``hold``: the gateway's ``--hold`` in iterations: while requests run, a decision an event asks
   for waits this long and the events meanwhile join it (``hold_from``: only while at least
   this share of the slots is taken);
+- ``barrier``: the gateway's ``--hold-step`` in iterations: while at least ``hold_from`` of the
+  slots are taken, a decision an event asks for waits until this long before the iteration's
+  end, the events meanwhile joining it (in place of ``hold``);
 - ``zero``: with ``hear = send = 0``, ``zero=True`` is the simulator's model (decided and joined
   at the same iteration start), ``zero=False`` the emulator's floor: a request decided at an
   iteration start still joins at the next one.
@@ -93,6 +96,7 @@ class Lags:
     hold_from: float = 0.0
     period_error: float = 0.0
     warm: bool = False
+    barrier: float = 0.0
     seed: int = 0
 
 
@@ -218,7 +222,12 @@ def replay(rel: ReleasedRequests, spec: str, lags: Lags, drawn: Drawn | None = N
         while events and events[0][0] <= k:
             t = events[0][0]
             busy = group.inflight.sum() >= lags.hold_from * G * B and group.inflight.any()
-            if lags.hold > 0 and busy:  # the first ask starts the hold
+            if lags.barrier > 0 and busy:  # decided ``barrier`` before the step's end
+                target = np.ceil(t) - lags.barrier
+                t = target if target >= t else target + 1.0
+                if t > k:
+                    break
+            elif lags.hold > 0 and busy:  # the first ask starts the hold
                 t += lags.hold
                 if t > k:
                     break  # decided during the next iteration
@@ -526,6 +535,12 @@ GRID: dict[str, Lags] = {
     "live, bursts over 0.75, hold 0.7 from half full": replace(
         MEASURED, apart=True, spread=0.75, hold=0.7, hold_from=0.5
     ),
+    "live, decided 0.1 before the step's end from half full": replace(
+        MEASURED, apart=True, spread=0.3, barrier=0.1, hold_from=0.5
+    ),
+    "live, decided 0.25 before the step's end from half full": replace(
+        MEASURED, apart=True, spread=0.3, barrier=0.25, hold_from=0.5
+    ),
     "age -3": Lags(age=-3),
     "age +3": Lags(age=3),
     "rank periods off by N(0, 5%)": Lags(period_error=0.05),
@@ -562,25 +577,33 @@ def summarize(cases: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     return out
 
 
-def arrival_spread(rel: ReleasedRequests, jitter_s: float, seeds: int) -> dict[str, Any]:
-    """The simulator itself (no lag) on ``seeds`` draws of arrival jitter: how far one run's
-    ratio moves from the simulator's point with nothing but send times a little off."""
+def arrival_spread(rel: ReleasedRequests, jitter_s: float, seeds: int,
+                   lags: Lags = Lags()) -> dict[str, Any]:  # fmt: skip
+    """One case (the simulator itself by default) on ``seeds`` draws of arrival jitter (and of
+    the case's own, seeded alike): how far one run's ratio moves from the simulator's point
+    with nothing but send times a little off, and the draws' pooled ratio with its 95%
+    interval (the draws resampled whole), the reference ``split_gateway.py --pool`` repeats
+    compare with."""
     sim = figures({s: replay(rel, s, Lags()) for s in ROUTERS})
     out: dict[str, list[float]] = {"ratio": [], "count-jsq": [], "brh:none": []}
     steady: dict[str, list[float]] = {spec: [] for spec in ROUTERS}
     for seed in range(seeds):
-        f = figures({s: replay(send_jittered(rel, jitter_s, seed), s, Lags()) for s in ROUTERS})
+        drawn = replace(lags, seed=seed)
+        f = figures({s: replay(send_jittered(rel, jitter_s, seed), s, drawn) for s in ROUTERS})
         out["ratio"].append(f["ratio"] / sim["ratio"])
         for spec in ROUTERS:
             steady[spec].append(f[spec]["steady_imbalance"])
             out[spec].append(f[spec]["steady_imbalance"] / sim[spec]["steady_imbalance"])
     pooled = sum(steady["brh:none"]) / sum(steady["count-jsq"])
+    pick = np.random.default_rng(1).integers(0, seeds, (2000, seeds))
+    boot = np.array(steady["brh:none"])[pick].sum(1) / np.array(steady["count-jsq"])[pick].sum(1)
     return {
         "jitter_model_s": jitter_s,
         "sim_ratio": sim["ratio"],
         # the ratio of the draws' summed steady imbalances: the estimator split_gateway.py --pool
         # applies to live repeats, so the two compare like for like
         "pooled_ratio": round(pooled, 4),
+        "pooled_ratio_ci95": np.percentile(boot, [2.5, 97.5]).round(4).tolist(),
         "pooled_ratio_over_sim": round(pooled / sim["ratio"], 3),
         "steady_imbalance_mean": {k: round(float(np.mean(v))) for k, v in steady.items()},
         **{
@@ -653,7 +676,9 @@ def main() -> None:
             n: seed_spread(first, GRID[n], args.seeds) for n in names if GRID[n].jitter > 0
         }
     if args.seeds and args.arrival_jitter > 0 and first is not None:
-        result["arrival_spread"] = arrival_spread(first, args.arrival_jitter, args.seeds)
+        result["arrival_spread"] = {
+            n: arrival_spread(first, args.arrival_jitter, args.seeds, GRID[n]) for n in names
+        }
     print(json.dumps(result, indent=2))
 
 

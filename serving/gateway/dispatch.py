@@ -81,11 +81,14 @@ class Dispatcher:
         twins: GatewayTwins | None = None,
         hold_s: float = 0.0,
         quiet_s: float = 0.0,
+        step_s: float = 0.0,
     ) -> None:
         self.group = group
         self.hold_s = hold_s
         self.quiet_s = quiet_s
+        self.step_s = step_s
         self._hold_until: float | None = None  # the held decision's latest time, while held
+        self._at_step = False  # the held decision waits for the step's end (step_s)
         self._last_ask = 0.0  # when a decision was last asked for during the hold
         self._last_arrival = -1.0  # when the last request arrived (bursts, with quiet_s)
         self.twins = twins
@@ -152,7 +155,7 @@ class Dispatcher:
         hold is set and at least :data:`HOLD_FROM` of the slots are taken (the group steps),
         or (``quiet_s``) an ``arrival`` came within ``quiet_s`` of the one before (a burst);
         the first ask starts the hold."""
-        if self.hold_s <= 0:
+        if self.hold_s <= 0 and self.step_s <= 0:
             return False
         group = self.group
         full = group.inflight.sum() >= HOLD_FROM * group.ranks * group.slots
@@ -164,16 +167,33 @@ class Dispatcher:
             burst, self._last_arrival = now - self._last_arrival < self.quiet_s, now
             if not (full or burst):
                 return False
-        self._last_ask = now
         if self._hold_until is None:
-            self._hold_until = now + self.hold_s
-            wait = min(self.quiet_s, self.hold_s) if self.quiet_s > 0 else self.hold_s
+            wait = self._first_wait(now)
+            if wait is None:
+                return False
+            self._hold_until = now + (wait if self._at_step else self.hold_s)
             asyncio.get_running_loop().call_later(wait, self._held_decision)
+        self._last_ask = now
         return True
+
+    def _first_wait(self, now: float) -> float | None:
+        """How long a new hold waits: with ``step_s`` and the group's step phase known, until
+        ``step_s`` before the next step's tokens are due (the decision still reaches its rank
+        before that step starts); else the quiet time or the hold; None: no hold (``step_s``
+        alone and the phase unknown)."""
+        self._at_step = False
+        if self.step_s > 0:
+            due = self.group.next_step(now + self.step_s)
+            if due is not None:
+                self._at_step = True
+                return max(due - self.step_s - now, 0.0)
+        if self.hold_s <= 0:
+            return None
+        return min(self.quiet_s, self.hold_s) if self.quiet_s > 0 else self.hold_s
 
     def _held_decision(self) -> None:
         """The held decision, or (``quiet_s``) a later look if something asked meanwhile."""
-        if self.quiet_s > 0 and self._hold_until is not None:
+        if self.quiet_s > 0 and self._hold_until is not None and not self._at_step:
             wait = min(self._hold_until, self._last_ask + self.quiet_s) - self.clock()
             if wait > TIMER_SLACK_S:
                 asyncio.get_running_loop().call_later(wait, self._held_decision)

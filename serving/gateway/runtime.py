@@ -86,6 +86,7 @@ class Gateway:
             twins=self.twins,
             hold_s=settings.hold_s,
             quiet_s=settings.hold_quiet_s,
+            step_s=settings.hold_step_s,
         )
         self.health = RankHealth(settings, self.group, self.metrics, self.dispatcher.wake)
         self.drain = Drain(settings.drain_timeout_s)
@@ -186,6 +187,7 @@ class Gateway:
             "tick_s": s.tick_s,
             "hold_s": s.hold_s,
             "hold_quiet_s": s.hold_quiet_s,
+            "hold_step_s": s.hold_step_s,
             "sample_s": s.sample_s,
             "max_pool": s.max_pool,
             "tokenizer": s.tokenizer,

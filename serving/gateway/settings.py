@@ -111,6 +111,16 @@ class GatewaySettings(ServiceSettings):
         description="with a hold: decide once nothing has asked for a decision this long (the "
         "burst or the step's finishes read whole), the hold at the latest (0: the whole hold)",
     )
+    hold_step_s: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        allow_inf_nan=False,
+        description="where a hold applies, decide this long before the group's next step ends "
+        "(its phase from the times tokens arrive; the Protocol front or relay workers): a "
+        "step's arrivals and finishes decided together, in time to join the next step; "
+        "--hold (and --hold-quiet) while the phase is unknown (0: off)",
+    )
     sample_s: float = Field(
         default=0.1,
         gt=0,

@@ -249,6 +249,12 @@ class LiveGroup:
             self.iteration += 1
         return self.iteration
 
+    def next_step(self, after: float) -> float | None:
+        """When the tokens of the first engine step ending after ``after`` should arrive; None:
+        not known here (ages from chunks keep no step phase; :class:`~.split.clock.ClockedGroup`
+        does)."""
+        return None
+
     def needs_tick(self) -> bool:
         """Whether the step estimate needs a pulse every tick now: requests run (their tokens
         advance it one tick at a time)."""

@@ -35,6 +35,10 @@ STEPS = "vllm:iteration_tokens_total_count"
 ALPHA = 0.2  # weight of the newest finish in the period's moving average
 DRIFT_GAIN = 0.5  # share of a finish's age error the count absorbs
 READ_TIMEOUT_S = 2.0  # one read of a rank's /metrics
+CLUSTER_GAP_S = 0.002  # tokens closer than this (or a quarter step) came from one step
+PHASE_ALPHA = 0.3  # weight of the newest gap in the step period's moving average
+PHASE_SPAN = 8  # steps the phase is extrapolated over at most
+LEARN_SPAN = 3  # a gap teaches the period only if it spans at most this many steps
 
 
 class IterationClock:
@@ -45,6 +49,7 @@ class IterationClock:
         self.count = np.zeros(ranks)  # iterations counted so far
         self.at = np.full(ranks, now)  # when ``count`` was last brought up to date
         self.group_period = float("nan")
+        self.step = float("nan")  # the ranks' median period (the group's step), NaN: unknown
         self.finishes = 0
         # rank: (steps, t, busy) at the last read of its engine's step counter
         self.engine: dict[int, tuple[float, float, bool]] = {}
@@ -73,9 +78,11 @@ class IterationClock:
         self.at[unknown] = now
         if unknown[rank]:
             self.period[rank] = tpot
+            self._step()
             return
         if rank not in self.engine:  # else the engine's own counter sets the period
             self.period[rank] = (1 - ALPHA) * self.period[rank] + ALPHA * tpot
+        self._step()
         if np.isnan(count_at_first):  # it began before the rank's clock ran
             return
         counted = self.count[rank] - count_at_first
@@ -91,6 +98,17 @@ class IterationClock:
         self.engine[rank] = (steps, t, busy)
         if last is not None and busy and last[2] and steps > last[0] and t > last[1]:
             self.period[rank] = (t - last[1]) / (steps - last[0])
+            self._step()
+
+    def _step(self) -> None:
+        """The group's step: the median of the known periods (a sort, not ``np.median``: a
+        fifth of the time on a group's few ranks, and it runs at every finish)."""
+        known = np.sort(self.period[~np.isnan(self.period)])
+        n = known.size
+        if n == 0:
+            self.step = float("nan")
+        else:
+            self.step = float(known[n // 2] if n % 2 else 0.5 * (known[n // 2 - 1] + known[n // 2]))
 
     def count_at(self, rank: int, t: float) -> float:
         """``rank``'s count at ``t`` (a first token's), NaN while its period is unknown."""
@@ -118,6 +136,63 @@ class IterationClock:
         return age
 
 
+class StepPhase:
+    """When the group's next engine step ends, from the times its tokens reach the gateway.
+
+    A synchronized group emits every running request's token at the end of each step, so the
+    first tokens and last tokens the gateway hears come in clusters, one per step, a few
+    milliseconds after the step ended. The start of the latest cluster and the step's period
+    (the gap between clusters over the steps it spans, kept within a quarter of the period
+    known otherwise: the engine's step counter, else the finishes' time per token) give the
+    next cluster's time: ``--hold-step`` decides just before it, so every request of a step is
+    decided together and still joins the next step.
+    """
+
+    def __init__(self) -> None:
+        self.period = float("nan")
+        self.last = float("nan")  # the start of the latest cluster seen
+        self.clusters = 0
+
+    def observe(self, t: float) -> None:
+        """A token reached the gateway at ``t``."""
+        if np.isnan(self.last):
+            self.last, self.clusters = t, 1
+            return
+        d = t - self.last
+        gap = CLUSTER_GAP_S if np.isnan(self.period) else max(CLUSTER_GAP_S, 0.25 * self.period)
+        if d < gap:  # the same step's (or an older one reported late)
+            return
+        if np.isnan(self.period):
+            self.period = d  # provisional: the gap may span several steps
+        else:
+            steps = d / self.period
+            n = round(steps)
+            if 1 <= n <= LEARN_SPAN and abs(steps - n) <= 0.25:  # the steps it spans are clear
+                self.period += PHASE_ALPHA * (d / n - self.period)
+            elif d < 0.75 * self.period:  # a gap well under the period: it was a multiple
+                self.period = d
+        self.last = t
+        self.clusters += 1
+
+    def seed(self, period: float) -> None:
+        """The step period known otherwise (the engine's step counter, else the finishes' time
+        per token): taken while none is measured or while the measured one is more than a
+        quarter off it (a multiple of the step, or a step that grew while few tokens were
+        heard); within that, the gaps between clusters refine it."""
+        if period > 0 and (np.isnan(self.period) or not 0.8 < self.period / period < 1.25):
+            self.period = period
+
+    def next_after(self, t: float) -> float | None:
+        """The first predicted cluster after ``t``; None while the phase is unknown or stale (no
+        cluster for :data:`PHASE_SPAN` periods: the group idles or its pace changed)."""
+        if np.isnan(self.period) or np.isnan(self.last) or self.period <= 0:
+            return None
+        steps = (t - self.last) / self.period
+        if steps > PHASE_SPAN:
+            return None
+        return self.last + (np.floor(max(steps, 0.0)) + 1.0) * self.period
+
+
 class ClockedGroup(LiveGroup):
     """The live group whose running requests age by their ranks' iteration clocks (first tokens
     and finishes are all it hears), and whose step counter is the group's clock."""
@@ -133,6 +208,7 @@ class ClockedGroup(LiveGroup):
         """Start the ranks' clocks now (``clock_fn``: the gateway's monotonic clock)."""
         self.clock_fn = clock_fn
         self.clock = IterationClock(self.ranks, clock_fn())
+        self.phase = StepPhase()
 
     def arrive(self, prompt_tokens: int, prompt_key: int, now: float) -> int | None:
         """As :meth:`LiveGroup.arrive`, its wait counted from the clocks' step count now (no
@@ -147,6 +223,8 @@ class ClockedGroup(LiveGroup):
             return
         self.first_count[position] = self.clock.count_at(g, t)
         self.first_t[position] = t
+        self.phase.seed(self.clock.step)
+        self.phase.observe(t)
         self.age[position] = max(1, int(self.age[position]))
         self.heard[g] += 1
 
@@ -159,6 +237,8 @@ class ClockedGroup(LiveGroup):
             self.first_token(position, first_t)
         self.clock.observe(g, float(self.first_count[position]), first_t, last_t, tokens,
                            self.clock_fn())  # fmt: skip
+        self.phase.seed(self.clock.step)
+        self.phase.observe(last_t)
         self.heard[g] += 1
         self.age[position] = tokens
 
@@ -191,6 +271,11 @@ class ClockedGroup(LiveGroup):
         if known.any():
             self.iteration = max(self.iteration, int(counts[known].max()))
         return super().pulse(now)
+
+    def next_step(self, after: float) -> float | None:
+        """When the tokens of the first step ending after ``after`` should reach the gateway
+        (:class:`StepPhase`), None while unknown."""
+        return self.phase.next_after(after)
 
     def needs_tick(self) -> bool:
         """Never: the clocks count steps by time, whenever they are read."""

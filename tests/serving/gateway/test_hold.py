@@ -14,6 +14,7 @@ from balanceroute.serving.gateway.arms import Arm
 from balanceroute.serving.gateway.dispatch import Dispatcher
 from balanceroute.serving.gateway.metrics import GatewayMetrics
 from balanceroute.serving.gateway.settings import GatewaySettings
+from balanceroute.serving.gateway.split.clock import ClockedGroup
 from balanceroute.serving.gateway.state import LiveGroup
 from balanceroute.serving.gateway.switchback import Switchback
 
@@ -21,12 +22,14 @@ from balanceroute.serving.gateway.switchback import Switchback
 class Counted(Dispatcher):
     """A ``count-jsq`` dispatcher that counts its decisions and the admissions of each."""
 
-    def __init__(self, group: LiveGroup, hold_s: float, quiet_s: float = 0.0, clock=None) -> None:
+    def __init__(self, group: LiveGroup, hold_s: float, quiet_s: float = 0.0, clock=None,
+                 step_s: float = 0.0) -> None:  # fmt: skip
         spec = RouterSpec.parse("count-jsq")
         arm = Arm("count-jsq", spec, spec.build_policy(None), None)
         sb = Switchback([arm.label], 1e9, 0.0, 0, 0.0)
         more = {} if clock is None else {"clock": clock}
-        super().__init__(group, [arm], sb, GatewayMetrics(), hold_s=hold_s, quiet_s=quiet_s, **more)
+        super().__init__(group, [arm], sb, GatewayMetrics(), hold_s=hold_s, quiet_s=quiet_s,
+                         step_s=step_s, **more)  # fmt: skip
         self.admitted: list[int] = []
 
     def decide(self) -> int:
@@ -185,3 +188,76 @@ def test_a_burst_into_a_filling_group_is_held_after_its_first_request() -> None:
         assert arrive(1.5, 4).done() and d.admitted == [1, 2, 1]
 
     asyncio.run(scenario())
+
+
+def _stepping(now: list[float], step_s: float, hold_s: float = 0.0) -> tuple[ClockedGroup, Counted]:
+    """A half-full clocked group of 2 x 4 slots whose steps' tokens came at 0.96 and 1.0 (steps
+    of 0.04 s), and its dispatcher deciding ``step_s`` before the next step, on ``now[0]``."""
+    group = ClockedGroup.sized(2, 4, 16)
+    group.attach(lambda: now[0])
+    d = Counted(group, hold_s=hold_s, step_s=step_s, clock=lambda: now[0])
+    _running(group, d, 4)
+    d.admitted.clear()
+    for t in (0.96, 1.0):
+        group.phase.observe(t)
+    return group, d
+
+
+def test_a_step_hold_decides_the_steps_asks_together_just_before_it_ends() -> None:
+    """``step_s``: the arrivals and the finish heard during a step are held until ``step_s``
+    before its tokens are due (1.04 - 0.005), then decided in one decision; an ask closer to
+    the step's end than ``step_s`` waits for the next step's (its request could not join this
+    step anyway)."""
+
+    async def scenario() -> None:
+        now = [1.01]
+        group, d = _stepping(now, step_s=0.005)
+        first = int(group.running().position[0])
+        futs = []
+        for t, key in ((1.01, 2), (1.03, 3)):
+            now[0] = t
+            futs.append(d.waiter(group.arrive(10 * key, key, t)))
+            d.arrived()
+        assert d._hold_until == pytest.approx(1.035)
+        group.leave(first, 5, learn=True)
+        d.wake()
+        assert d.admitted == [] and not any(f.done() for f in futs)
+        now[0] = 1.035
+        d._held_decision()
+        assert d.admitted == [2] and all(f.done() for f in futs)
+        now[0] = 1.037  # 3 ms before the step's tokens: too late for it
+        d.waiter(group.arrive(40, 4, now[0]))
+        d.arrived()
+        assert d._hold_until == pytest.approx(1.075) and d.admitted == [2]
+
+    asyncio.run(scenario())
+
+
+def test_a_step_hold_without_a_phase_falls_back() -> None:
+    """While the step phase is unknown, ``step_s`` alone decides at once and with a hold the
+    hold applies."""
+
+    async def scenario() -> None:
+        now = [1.0]
+        for hold in (0.0, 0.03):
+            group = ClockedGroup.sized(2, 4, 16)
+            group.attach(lambda: now[0])
+            d = Counted(group, hold_s=hold, step_s=0.005, clock=lambda: now[0])
+            _running(group, d, 4)
+            d.admitted.clear()
+            fut = d.waiter(group.arrive(10, 9, now[0]))
+            d.arrived()
+            assert fut.done() == (hold == 0.0)
+            assert d._hold_until == (None if hold == 0.0 else pytest.approx(1.03))
+
+    asyncio.run(scenario())
+
+
+def test_the_step_setting_defaults_to_off_and_is_bounded() -> None:
+    """``hold_step_s`` is 0 (off) unless set; it must lie in [0, 1] s."""
+    ranks = ["http://127.0.0.1:9"]
+    assert GatewaySettings(ranks=ranks, slots=2).hold_step_s == 0.0
+    assert GatewaySettings(ranks=ranks, slots=2, hold_step_s=0.005).hold_step_s == 0.005
+    for bad in (-0.001, 2.0):
+        with pytest.raises(ValueError, match="hold_step_s"):
+            GatewaySettings(ranks=ranks, slots=2, hold_step_s=bad)

@@ -13,7 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from balanceroute.serving.gateway.split.clock import ClockedGroup, IterationClock, engine_steps
+from balanceroute.serving.gateway.split.clock import (
+    ClockedGroup,
+    IterationClock,
+    StepPhase,
+    engine_steps,
+)
 from balanceroute.serving.testbed.emulator.iterlog import rank_matrix, read_log
 from tests.serving.testbed.helpers import Emulator
 
@@ -55,6 +60,49 @@ def test_a_steady_clock_gives_every_age_within_one_token(period, lengths, starts
         assert np.abs(ages - truth).max() <= 1, (ages, truth)
 
 
+@settings(max_examples=80, deadline=None)
+@given(
+    period=st.floats(0.01, 0.2),
+    phase=st.floats(0.0, 1.0),
+    seen=st.lists(st.booleans(), min_size=40, max_size=120),
+    lag=st.lists(st.floats(0.0, 0.1), min_size=120, max_size=120),
+    seed_error=st.lists(st.floats(-0.15, 0.15), min_size=120, max_size=120),
+)
+def test_the_step_phase_predicts_the_next_steps_tokens(period, phase, seen, lag, seed_error):
+    """Steps of ``period`` s; some steps' tokens heard (``seen``), each up to a tenth of a step
+    late, with the finishes' time per token (up to 15% off) as the seed: after two steps heard
+    in a row (four or more heard), the next step's tokens are predicted within a quarter step,
+    whichever steps went unheard before."""
+    p = StepPhase()
+    ends = (phase + np.arange(len(seen) + 1)) * period
+    for k, hit in enumerate(seen):
+        if not hit:
+            continue
+        p.seed(period * (1 + seed_error[k]))
+        p.observe(float(ends[k] + lag[k] * period))
+        p.observe(float(ends[k] + lag[k] * period * 0.5))  # an older token, reported late
+        if k == 0 or not seen[k - 1] or p.clusters < 4:
+            continue
+        due = p.next_after(float(ends[k] + 0.5 * period))
+        assert due is not None
+        assert abs(due - ends[k + 1]) <= 0.25 * period, (due, ends[k + 1])
+
+
+def test_the_step_phase_is_unknown_until_seen_and_goes_stale():
+    """No phase before two steps are heard; a period first measured over two steps is cut to
+    one by the next gap under it; none once nothing was heard for many steps."""
+    p = StepPhase()
+    assert p.next_after(0.0) is None
+    p.observe(1.0)
+    assert p.next_after(1.01) is None
+    p.observe(1.08)  # two steps of 0.04 s apart, taken for one
+    assert p.next_after(1.09) == pytest.approx(1.16)
+    p.observe(1.12)
+    assert p.period == pytest.approx(0.04)
+    assert p.next_after(1.13) == pytest.approx(1.16)
+    assert p.next_after(1.12 + 0.04 * 20) is None
+
+
 def test_the_group_ages_running_requests_and_frees_them_once():
     """The clocked group: no age before a first token, age 1 at it, the clock's age after,
     the exact count at the finish; loads follow."""
@@ -74,6 +122,32 @@ def test_the_group_ages_running_requests_and_frees_them_once():
     now[0] = 1.5
     assert group.loads()[0] == pytest.approx(50 + 1 + 100, abs=1)
     assert group.take_departures()[0].output_tokens == 101
+
+
+def _phase_errors(seen, ends: np.ndarray) -> tuple[np.ndarray, int]:
+    """The step phase fed the first and last token times of ``seen`` as they happen, seeded
+    with the mean step over the second before (what a read of the engine's step counter each
+    second gives); halfway through every iteration, its predicted next step end against the
+    log's, in iterations; and how often it predicted none."""
+    times = np.sort([t for _, _, first, last, _ in seen for t in (first, last)])
+    phase = StepPhase()
+    errors = []
+    e = unknown = 0
+    for k in range(1, ends.size - 1):
+        period = ends[k] - ends[k - 1]
+        t = ends[k] - 0.5 * period
+        while e < times.size and times[e] <= t:
+            j, now = np.searchsorted(ends, times[e] - 1.0), np.searchsorted(ends, times[e]) - 1
+            if now > j + 1:
+                phase.seed(float((ends[now] - ends[j]) / (now - j)))
+            phase.observe(float(times[e]))
+            e += 1
+        due = phase.next_after(t)
+        if due is None:
+            unknown += 1
+        elif phase.clusters >= 3 and period > 0:
+            errors.append(abs(due - ends[k]) / period)
+    return np.array(errors), unknown
 
 
 def _replay(seen, ends: np.ndarray, engine_first, polls=()) -> np.ndarray:
@@ -170,6 +244,13 @@ def test_the_clock_tracks_the_emulators_iteration_log(tmp_path: Path):
     polls = [(float(ends[k]) + 1e-4, g, float(steps[k, g]), bool(ran[k, g])) for k in at
              for g in range(2)]  # fmt: skip
     counted = _replay(seen, ends, engine_first, polls)
+    phase_error, unknown = _phase_errors(seen, ends)
+    print("step phase error p50/p90:", np.percentile(phase_error, [50, 90]).round(3),
+          "predicted", phase_error.size, "unknown", unknown)  # fmt: skip
+    # the next step's end predicted from the first and last tokens heard before
+    assert phase_error.size > 100
+    assert np.median(phase_error) <= 0.05, np.percentile(phase_error, [50, 90])
+    assert np.percentile(phase_error, 90) <= 0.2, np.percentile(phase_error, [50, 90])
     for errors in (alone, counted):
         assert errors.size > 200
         # the median running request's age within 5% of the truth, nine in ten within 15%

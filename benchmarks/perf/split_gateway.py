@@ -34,7 +34,10 @@ simulator over N replays of the same requests with each send up to ``--sim-jitte
 replay of a saturated group is one draw of a chaotic trajectory) and gives the live ratio over
 that ensemble's, with an interval over both resamplings; ``--saturated 0.95`` keeps only the live
 steady iterations with 95% of the slots running (with ``--hold`` a held request waits while slots
-are free, which the simulator's steady iterations never have).
+are free, which the simulator's steady iterations never have). The ``*_runs_ci95`` intervals
+resample whole runs instead (the spread between repeats, which blocks within each run miss),
+and ``steady_imbalance_over_sim_ensemble`` gives each router's own live imbalance over the
+ensemble's.
 
 ``--profile DIR`` instead runs the one-process gateway (or the relay workers, ``--modes relay1``)
 under cProfile with ``brh`` and writes the top functions by own time.
@@ -557,6 +560,7 @@ def main() -> None:
 
 BLOCK = 64  # iterations per bootstrap block: longer than a request's typical stay's effect
 RESAMPLES = 2000
+RUN_RESAMPLES = 20_000  # draws of whole runs (--pool's ``*_runs_ci95``: the repeats' spread)
 
 
 def ratio_interval(a: np.ndarray, b: np.ndarray, seed: int = 0) -> list[float] | None:
@@ -685,15 +689,25 @@ def pool_runs(args: argparse.Namespace) -> dict[str, Any]:
     )
     boot = pooled_resamples(live["brh:none"], live["count-jsq"])
     ci = _ci95(boot)
+    means = {r: np.array([float(x.mean()) for x in v]) for r, v in live.items()}
+    pick = np.random.default_rng(0).integers(0, len(folders), (RUN_RESAMPLES, len(folders)))
+    by_runs = means["brh:none"][pick].sum(1) / means["count-jsq"][pick].sum(1)
     ensemble: dict[str, Any] = {}
     if args.sim_draws:
         jitter_s = args.sim_jitter_ms / 1e3 * float(args.time_scales.split(",")[0])
         ens = sim_ensemble(rel, args.sim_draws, jitter_s)
         rest = ens.pop("resamples")
+        own = {
+            r: {"over_sim_ensemble": float(m.mean()) / ens["steady_mean"][r],
+                "runs_ci95": _ci95(m[pick].mean(1) / ens["steady_mean"][r])}
+            for r, m in means.items()
+        }  # fmt: skip
         ensemble = {
             "sim_ensemble": {"draws": args.sim_draws, "jitter_ms": args.sim_jitter_ms, **ens},
             "live_over_sim_ensemble": lr / ens["ratio"],
             "live_over_sim_ensemble_ci95": _ci95(boot / rest),
+            "live_over_sim_ensemble_runs_ci95": _ci95(by_runs / ens["ratio"]),
+            "steady_imbalance_over_sim_ensemble": own,
         }
     return {
         "trace": name, "mode": mode, "scale": scale, "runs": [str(f) for f in folders],
@@ -706,6 +720,7 @@ def pool_runs(args: argparse.Namespace) -> dict[str, Any]:
         "sim": sr, "sim_ci95": ratio_interval(sim["brh:none"], sim["count-jsq"]),
         "live": lr, "live_ci95": ci,
         "live_over_sim": lr / sr, "live_over_sim_ci95": [c / sr for c in ci],
+        "live_over_sim_runs_ci95": [c / sr for c in _ci95(by_runs)],
         **ensemble,
     }  # fmt: skip
 

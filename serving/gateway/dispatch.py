@@ -18,7 +18,10 @@ asked for meanwhile joins it; with ``quiet_s`` (``--hold-quiet``) the held decis
 as nothing has asked for ``quiet_s`` (the burst, or the step's finishes, read whole), ``hold_s``
 after the first ask at the latest, so a lone arrival waits ``quiet_s``, not the whole hold; and
 an arrival within ``quiet_s`` of the one before (a burst) is held at any fill, so a burst into a
-group still filling is decided together too (a lone arrival there is still decided at once). A trace's burst (requests with one timestamp, sent one after the
+group still filling is decided together too (a lone arrival there is still decided at once);
+with ``step_s`` (``--hold-step``) the held decision comes ``step_s`` before the group's next
+step ends where its phase is known (:meth:`~.state.LiveGroup.next_step`), so a step's asks are
+decided together and still join the next step. A trace's burst (requests with one timestamp, sent one after the
 other) and the finishes of one engine step are then decided together, as the simulator decides
 each iteration's arrivals; decided one by one, a burst's first requests go to the rank with the
 most free slots whatever they weigh (BR-H's first stage), which on Mooncake's long prompts cost

@@ -1,4 +1,8 @@
-"""Writes a tiny Llama model folder (config and tokenizer, no weights) for vLLM's dummy loader."""
+"""Writes a tiny model folder (config and tokenizer, no weights) for vLLM's dummy loader.
+
+Usage: make_tiny_model.py FOLDER [--moe]. The default is a dense Llama; ``--moe`` writes a tiny
+Mixtral (4 experts, top-2), the kind of model whose data-parallel ranks vLLM steps together.
+"""
 
 from __future__ import annotations
 
@@ -25,6 +29,17 @@ CONFIG = {
     "torch_dtype": "bfloat16",
     "bos_token_id": 1,
     "eos_token_id": 2,
+}
+MOE_CONFIG = {
+    **CONFIG,
+    "architectures": ["MixtralForCausalLM"],
+    "model_type": "mixtral",
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "max_position_embeddings": 16384,
+    "router_aux_loss_coef": 0.0,
+    "output_router_logits": False,
+    "sliding_window": None,
 }
 SPECIALS = ["<unk>", "<s>", "</s>"]
 CHAT_TEMPLATE = (
@@ -63,14 +78,14 @@ def build_tokenizer(path: Path) -> None:
     tok.save(str(path))
 
 
-def main(folder: str) -> int:
+def main(folder: str, moe: bool = False) -> int:
     """Build the model folder unless it is already complete."""
     out = Path(folder)
     if (out / "tokenizer_config.json").exists():
         return 0
     out.mkdir(parents=True, exist_ok=True)
     build_tokenizer(out / "tokenizer.json")
-    (out / "config.json").write_text(json.dumps(CONFIG, indent=1))
+    (out / "config.json").write_text(json.dumps(MOE_CONFIG if moe else CONFIG, indent=1))
     tokenizer_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": "<s>",
@@ -85,4 +100,7 @@ def main(folder: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    args = sys.argv[1:]
+    if len(args) not in (1, 2) or (len(args) == 2 and args[1] != "--moe"):
+        sys.exit("usage: make_tiny_model.py FOLDER [--moe]")
+    sys.exit(main(args[0], moe=len(args) == 2))

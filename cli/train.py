@@ -17,7 +17,7 @@ from balanceroute.features.constants import DEFAULT_HORIZON, MAX_SLOTS, MAX_WORK
 from balanceroute.features.keys import AUTO_KEY, KEY_SOURCES
 from balanceroute.predict.learned import WEIGHTINGS
 from balanceroute.predict.model_store import DEFAULT_MODEL_NAME
-from balanceroute.router.lab.twin_prior import DEFAULT_PRIOR_WINDOWS, PriorConfig
+from balanceroute.router.lab.twin.prior import DEFAULT_PRIOR_WINDOWS, PriorConfig
 from balanceroute.training.crossfit import MAX_FOLDS
 from balanceroute.training.tracking import DEFAULT_ESTIMATORS, DEFAULT_EXPERIMENT
 from balanceroute.training.train import DEFAULT_PRIOR_FOLDS, TrainConfig, run_train

@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from balanceroute.router.policies.balance_config import BRH_DEFAULTS, GAMMA_MAX, GAMMA_MIN
+from balanceroute.router.policies.scoring import discount_weights
 from balanceroute.training.metrics import auc
 
 SCORE_KS: tuple[int, ...] = (8, 16, 40, 80)
@@ -42,9 +43,10 @@ def router_gamma(
     return float(np.clip(1.0 - x * slots / mean, GAMMA_MIN, GAMMA_MAX))
 
 
-def discount_weights(horizon: int, gamma: float) -> np.ndarray:
-    """``gamma^k`` for ``k = 1..H``, normalised to sum to one."""
-    w = float(gamma) ** np.arange(1, horizon + 1, dtype=np.float64)
+def lookahead_weights(horizon: int, gamma: float) -> np.ndarray:
+    """BR-H's discounts ``gamma^k`` for the steps ahead ``k = 1..H`` (not ``k = 0``),
+    normalised to sum to one: the weight of each step ahead in the decision-aware scores."""
+    w = discount_weights(horizon, gamma)[1:]
     return w / w.sum()
 
 
@@ -64,7 +66,7 @@ def curve_scores(
     alive = (remaining[:, None] > ks[None, :]).astype(np.float64)
     sq = (survival[:, 1 : horizon + 1] - alive) ** 2
     brier = w @ sq
-    discount = discount_weights(horizon, gamma)
+    discount = lookahead_weights(horizon, gamma)
     out = {
         "ibs_discounted": float(brier @ discount),
         "ibs_discounted_per_request": float(sq.mean(axis=0) @ discount),

@@ -24,11 +24,11 @@ holdout's requests (a score of the estimator in the router, not of its accuracy)
 router runs without its do-no-harm guard: on replays this short the guarded router stands aside
 for most estimators, and every ratio comes out 1 whatever the estimator is worth.
 
-Twin ratio (``twin_ratio``): the decode group's twin's paired test (``router/lab/twin.py``) on
+Twin ratio (``twin_ratio``): the decode group's twin's paired test (``router/lab/twin/``) on
 the holdout, with each estimator: ``twin_windows`` evenly spaced, overlapping windows of the
 twin's block length (``8 G B`` requests), each replayed under every blend weight, paired with
 ``w = 0``, and judged by the twin's own rule (the upper end of the interval widened by
-``sqrt(overlap)`` below ``exp(-margin)``: ``router/lab/twin_prior.measure_prior``, what
+``sqrt(overlap)`` below ``exp(-margin)``: ``router/lab/twin/prior_measure.measure_prior``, what
 ``train`` measures the prior with). The score is the geometric mean over the windows of the
 ratio of the imbalance at the weight the test settles on to that without prediction (1 where it
 keeps ``w = 0``): what the default BR-H makes of the estimator on these requests. ``twin_weight``
@@ -63,17 +63,14 @@ from balanceroute.predict.base import CompletedBatch, CompletionEstimator, Fitti
 from balanceroute.router.lab.ab import replay_windows
 from balanceroute.router.lab.prefill import PrefillConfig
 from balanceroute.router.lab.runner import ReplaySpec, replay
-from balanceroute.router.lab.twin import TwinConfig
-from balanceroute.router.lab.twin_prior import (
-    DEFAULT_PRIOR_WINDOWS,
-    PriorConfig,
-    measure_prior,
-    prior_start,
-)
+from balanceroute.router.lab.twin.config import TwinConfig
+from balanceroute.router.lab.twin.prior import DEFAULT_PRIOR_WINDOWS, PriorConfig
+from balanceroute.router.lab.twin.prior_measure import measure_prior
+from balanceroute.router.lab.twin.prior_start import prior_start
 from balanceroute.router.policies.policy import Policy, RunContext
 from balanceroute.router.policies.specs import RouterSpec
 from balanceroute.router.policies.state import Admissions, RouterState
-from balanceroute.training.decision import DEFAULT_SLOTS, discount_weights
+from balanceroute.training.decision import DEFAULT_SLOTS, lookahead_weights
 
 STATE_ROUTER = "brh:none"
 WINDOW_FRACTION = 0.5  # each replayed window holds half of the requests, as in the A/B study
@@ -416,7 +413,7 @@ def projection_errors(
         return sampler[0]
 
     result, summary = replay(requests, cfg.spec(horizon), wrap=wrap, record_loads=False)
-    weights = discount_weights(horizon, gamma)
+    weights = lookahead_weights(horizon, gamma)
     hs = np.arange(horizon + 1)
     finish = result.admit_iter + result.output_tokens
     sums = {k: np.zeros(2) for k in estimators}

@@ -50,7 +50,8 @@ from balanceroute.predict.model_store import (
     tracking_uri,
 )
 from balanceroute.predict.registry import estimator_class, estimator_names
-from balanceroute.router.lab.twin_prior import PriorConfig, TwinPrior, attach_priors, priors_for
+from balanceroute.router.lab.twin.prior import PriorConfig, TwinPrior, attach_priors
+from balanceroute.router.lab.twin.prior_measure import priors_for
 from balanceroute.training.crossfit import DEFAULT_PRIOR_FOLDS, fitted_folds, time_folds
 from balanceroute.training.evaluate import (
     evaluate_estimator,
@@ -82,7 +83,7 @@ class TrainConfig:
     weighting: str | None = None  # the learned estimators' row weighting (None: their default)
     train_fraction: float = 0.7
     estimator_params: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # the twin's paired test on the holdout, one prior per group (router/lab/twin_prior.py);
+    # the twin's paired test on the holdout, one prior per group (router/lab/twin/prior_measure.py);
     # empty: none
     twin_priors: tuple[PriorConfig, ...] = (PriorConfig(),)
     # cross-fitted folds of the whole trace the priors pool (training/crossfit.py); 1: the

@@ -57,7 +57,8 @@ from balanceroute.features.trace_io import write_trace
 from balanceroute.features.workload import WorkloadSpec, load_workload
 from balanceroute.predict.factory import EstimatorSpec, build_estimator
 from balanceroute.predict.model_store import save_estimator
-from balanceroute.router.lab.twin_prior import PriorConfig, attach_priors, priors_for
+from balanceroute.router.lab.twin.prior import PriorConfig, attach_priors
+from balanceroute.router.lab.twin.prior_measure import priors_for
 from balanceroute.serving.testbed.harness import ServerProcess, clean_env
 from balanceroute.training.crossfit import fitted_folds, time_folds
 

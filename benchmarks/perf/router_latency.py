@@ -44,7 +44,8 @@ from balanceroute.features.synthetic import generate
 from balanceroute.predict.factory import build_estimator
 from balanceroute.router.lab.prefill import PrefillConfig, release
 from balanceroute.router.lab.simulator import SimConfig, simulate
-from balanceroute.router.lab.twin import TwinGroup, attach_twin
+from balanceroute.router.lab.twin.config import TwinGroup
+from balanceroute.router.lab.twin.driver import attach_twin
 from balanceroute.router.policies.baselines import CountJSQPolicy
 from balanceroute.router.policies.specs import RouterSpec
 
@@ -93,7 +94,7 @@ def fitted_estimators(history, arms):
     return out
 
 
-TWIN = "+twin"  # an arm name ending so runs beside the decode twin (router/lab/twin.py)
+TWIN = "+twin"  # an arm name ending so runs beside the decode twin (router/lab/twin/)
 ITERATION_S = 0.060  # a real decode iteration, for the twin's share of one core
 
 

@@ -7,8 +7,8 @@ the wall clock reaches the step's model time, so the router, the twin's thread a
 share the machine as in a service. BR-H routes with ``gbdt`` at a fixed blend weight ``w = 1``
 (the heaviest step: every prediction is used), so the step does the same work whether the twin
 runs or not. Passes alternate without and with the live twin (ABBA, ``--passes 4``): with it,
-a :class:`~balanceroute.router.lab.twin_live.TwinWorker` thread runs one
-:class:`~balanceroute.router.lab.twin_live.LiveTwin` fed as the gateway feeds it (arrivals,
+a :class:`~balanceroute.router.lab.twin.live.TwinWorker` thread runs one
+:class:`~balanceroute.router.lab.twin.live.LiveTwin` fed as the gateway feeds it (arrivals,
 finishes, the live iteration), at the default budget (``work_ratio`` 5 simulated iterations
 per live iteration, and the thread capped at ``--cpu-share`` of one core: 4% by default);
 its weight is reported, not applied.
@@ -44,8 +44,8 @@ from balanceroute.predict.factory import EstimatorSpec, build_estimator
 from balanceroute.router.lab.cost import CostModel
 from balanceroute.router.lab.prefill import ReleasedRequests, rate_scale_for_load
 from balanceroute.router.lab.simulator import SimConfig, simulate
-from balanceroute.router.lab.twin import TwinConfig, TwinGroup
-from balanceroute.router.lab.twin_live import LiveTwin, TwinWorker, pending_limit
+from balanceroute.router.lab.twin.config import TwinConfig, TwinGroup
+from balanceroute.router.lab.twin.live import LiveTwin, TwinWorker, pending_limit
 from balanceroute.router.policies.policy import Policy, RunContext
 from balanceroute.router.policies.specs import RouterSpec
 from balanceroute.router.policies.state import RequestTable

@@ -16,8 +16,8 @@ from balanceroute.features.split import time_split
 from balanceroute.predict.factory import build_estimator
 from balanceroute.router.lab.prefill import PrefillConfig
 from balanceroute.router.lab.runner import ReplaySpec, released_requests
-from balanceroute.router.lab.twin import TwinConfig, TwinGroup
-from balanceroute.router.lab.twin_schedule import twin_schedule
+from balanceroute.router.lab.twin.config import TwinConfig, TwinGroup
+from balanceroute.router.lab.twin.schedule import twin_schedule
 from balanceroute.router.policies.specs import RouterSpec
 
 

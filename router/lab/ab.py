@@ -31,10 +31,11 @@ from balanceroute.router.lab.cost import CostModel
 from balanceroute.router.lab.paired import HIGHER_IS_BETTER, paired_ratio
 from balanceroute.router.lab.prefill import PrefillConfig
 from balanceroute.router.lab.runner import ReplaySpec, released_requests, replay
-from balanceroute.router.lab.twin import TwinConfig, TwinGroup, twin_managed
-from balanceroute.router.lab.twin_prior import prior_start
-from balanceroute.router.lab.twin_schedule import scheduled_weight, twin_schedule
-from balanceroute.router.lab.twin_warmup import warm_start
+from balanceroute.router.lab.twin.config import TwinConfig, TwinGroup
+from balanceroute.router.lab.twin.driver import twin_managed
+from balanceroute.router.lab.twin.prior_start import prior_start
+from balanceroute.router.lab.twin.schedule import scheduled_weight, twin_schedule
+from balanceroute.router.lab.twin.warmup import warm_start
 from balanceroute.router.policies.specs import RouterSpec
 
 TRAJECTORY_WINDOW = 1500

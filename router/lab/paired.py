@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy import stats
@@ -53,6 +54,23 @@ def verdict(low: float, high: float, higher_is_better: bool = False) -> str:
     return SAME
 
 
+def t_interval(
+    values: np.ndarray, *, overlap: float = 1.0, level: float = LEVEL
+) -> tuple[float, float, int]:
+    """Mean of paired values, the half-width of its Student-t interval and their count: the one
+    paired interval of the A/B, the twin's comparison, the prior and the switchback (half-width
+    ``nan`` below two values; ``overlap`` widens the standard error by ``sqrt(overlap)``)."""
+    x = np.asarray(values, dtype=np.float64)
+    n = int(x.size)
+    if n == 0:
+        return math.nan, math.nan, 0
+    m = float(x.mean())
+    if n < 2:
+        return m, math.nan, n
+    se = float(x.std(ddof=1)) / math.sqrt(n) * math.sqrt(max(1.0, overlap))
+    return m, float(stats.t.ppf(0.5 + level / 2, n - 1)) * se, n
+
+
 def paired_ratio(
     values: np.ndarray,
     reference: np.ndarray,
@@ -66,24 +84,24 @@ def paired_ratio(
     a = np.asarray(values, dtype=np.float64)
     b = np.asarray(reference, dtype=np.float64)
     ok = np.isfinite(a) & np.isfinite(b) & (a > 0) & (b > 0)
-    logs = np.log(a[ok] / b[ok])
-    n = int(logs.size)
+    m, half, n = t_interval(np.log(a[ok] / b[ok]), overlap=overlap, level=level)
     if n < 2:
         return None
-    m = float(logs.mean())
-    se = float(logs.std(ddof=1)) / math.sqrt(n) * math.sqrt(max(1.0, overlap))
-    t = float(stats.t.ppf(0.5 + level / 2, n - 1))
-    low, high = math.exp(m - t * se), math.exp(m + t * se)
+    low, high = math.exp(m - half), math.exp(m + half)
     return PairedRatio(math.exp(m), low, high, n, verdict(low, high, higher_is_better))
 
 
-def log_ratio_moments(logs: np.ndarray) -> tuple[float, float, int]:
-    """Mean, standard error and count of paired log ratios (the twin's sequential test)."""
-    x = np.asarray(logs, dtype=np.float64)
-    x = x[np.isfinite(x)]
-    n = int(x.size)
+def ratio_interval(logs: np.ndarray, level: float = LEVEL) -> dict[str, Any]:
+    """Geometric-mean ratio of paired log ratios and its Student-t interval, as a plain dict
+    (``blocks`` counted; no bounds below two)."""
+    m, half, n = t_interval(logs, level=level)
     if n == 0:
-        return 0.0, math.inf, 0
-    if n == 1:
-        return float(x[0]), math.inf, 1
-    return float(x.mean()), float(x.std(ddof=1)) / math.sqrt(n), n
+        return {"blocks": 0, "ratio": None, "low": None, "high": None}
+    if n < 2:
+        return {"blocks": n, "ratio": math.exp(m), "low": None, "high": None}
+    return {
+        "blocks": n,
+        "ratio": math.exp(m),
+        "low": math.exp(m - half),
+        "high": math.exp(m + half),
+    }

@@ -34,16 +34,12 @@ from balanceroute.router.lab.replay_spec import (
     resolved_prefill,
 )
 from balanceroute.router.lab.simulator import SimConfig, SimResult, simulate
-from balanceroute.router.lab.twin import (
-    SequentialTest,
-    TwinConfig,
-    TwinGroup,
-    attach_twin,
-    twin_managed,
-)
-from balanceroute.router.lab.twin_prior import prior_start
-from balanceroute.router.lab.twin_schedule import ScheduledBlend
-from balanceroute.router.lab.twin_warmup import warm_start
+from balanceroute.router.lab.twin.config import TwinConfig, TwinGroup
+from balanceroute.router.lab.twin.driver import attach_twin, twin_managed
+from balanceroute.router.lab.twin.prior_start import prior_start
+from balanceroute.router.lab.twin.schedule import ScheduledBlend
+from balanceroute.router.lab.twin.sequential import SequentialTest
+from balanceroute.router.lab.twin.warmup import warm_start
 from balanceroute.router.policies.policy import Policy
 
 
@@ -104,7 +100,7 @@ def replay(
     put the spec's policy inside another (one that watches the run, say). A twin-managed BR-H
     runs beside a live twin (``twin`` configures it), or at a weight a twin chose before the
     run (``scheduled``: weight and that twin's statistics); ``warm``: the live twin's test
-    after its warm-up on earlier traffic (router/lab/twin_warmup.py)."""
+    after its warm-up on earlier traffic (router/lab/twin/warmup.py)."""
     if released is None:
         released, scale = released_requests(frame, spec)
     else:

@@ -115,7 +115,7 @@ class BalanceRouteConfig:
         default=True,
         metadata={
             "help": "a twin beside the router (simulate, ab, evaluate, the service's /v1/route "
-            "and the gateway: router/lab/twin.py, twin_live.py) chooses the blend weight w of "
+            "and the gateway: router/lab/twin/) chooses the blend weight w of "
             "P0 - w (P0 - P), starting "
             "at 0, in place of the guard; twin=false;guard=false uses the estimator as it is"
         },
@@ -124,7 +124,7 @@ class BalanceRouteConfig:
         default=None,
         metadata={
             "help": "share of an on-the-fly estimator's training portion the twin replays "
-            "before the run (its own estimator fits on the rest; router/lab/twin_warmup.py): "
+            "before the run (its own estimator fits on the rest; router/lab/twin/warmup.py): "
             "0 turns the warm start off; default the run's (2/3)"
         },
     )

@@ -156,7 +156,7 @@ class BalanceRoutePolicy(Policy):
         self.refreshes = 0
         self.refill_prompt: float | None = None
         self.guard = None
-        # the blend weight w of P0 - w (P0 - P): fixed, or set by a twin (router/lab/twin.py)
+        # the blend weight w of P0 - w (P0 - P): fixed, or set by a twin (router/lab/twin/)
         # that then also stands in for the guard; None: the estimator's P (or the guard's)
         self.blend: float | None = None
         if cfg.horizon > 0 and cfg.blend is not None:

@@ -145,7 +145,7 @@ def arm_specs(settings: GatewaySettings) -> list[RouterSpec]:
     return specs
 
 
-def make_estimator(
+def live_estimator(
     spec: EstimatorSpec, history: pd.DataFrame | None, horizon: int
 ) -> tuple[CompletionEstimator, str | None]:
     """An estimator a live gateway can run, deployable, and its version: loaded through the
@@ -173,7 +173,7 @@ def build_arm(spec: RouterSpec, settings: GatewaySettings, history: pd.DataFrame
     if spec.estimator is None:  # a router that does not look ahead
         return Arm(spec.label, spec, spec.build_policy(), None)
     horizon = spec.horizon or DEFAULT_HORIZON
-    model, version = make_estimator(spec.estimator, history, horizon)
+    model, version = live_estimator(spec.estimator, history, horizon)
     if settings.estimator_url is not None:
         preflight(settings.estimator_url)
         model = RemoteEstimator(

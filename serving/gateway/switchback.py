@@ -21,9 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
-from balanceroute.router.lab.twin_compare import ratio_interval
+from balanceroute.router.lab.paired import ratio_interval, t_interval
 
 METRICS = ("throughput", "tpot_p50_ms", "tpot_p95_ms", "queue_p50_ms", "queue_p99_ms", "imbalance")
 
@@ -152,10 +151,10 @@ class Switchback:
             }
         reference = self.arms[0]
         paired = {
-            arm: {m: paired_interval(done, reference, arm, m) for m in METRICS}
+            arm: {m: difference_by_block(done, reference, arm, m) for m in METRICS}
             for arm in self.arms[1:]
         }
-        ratios = {arm: paired_ratio(done, reference, arm, "imbalance") for arm in self.arms[1:]}
+        ratios = {arm: ratio_by_block(done, reference, arm, "imbalance") for arm in self.arms[1:]}
         return {
             "arms": self.arms,
             "reference": reference,
@@ -175,37 +174,34 @@ def _mean(values: list[float | None]) -> float | None:
     return float(np.mean(kept)) if kept else None
 
 
-def paired_interval(
+def _by_block(
+    rows: list[dict[str, Any]], metric: str, positive: bool
+) -> dict[int, dict[str, float]]:
+    """Per block, each arm's ``metric`` (left out where unmeasured, or not positive if asked)."""
+    by_block: dict[int, dict[str, float]] = {}
+    for r in rows:
+        if r[metric] is not None and (not positive or r[metric] > 0):
+            by_block.setdefault(r["block"], {})[r["arm"]] = r[metric]
+    return by_block
+
+
+def difference_by_block(
     rows: list[dict[str, Any]], reference: str, arm: str, metric: str, level: float = 0.95
 ) -> dict[str, Any]:
     """``arm`` minus ``reference`` block by block: mean difference and its t interval."""
-    by_block: dict[int, dict[str, float]] = {}
-    for r in rows:
-        if r[metric] is not None:
-            by_block.setdefault(r["block"], {})[r["arm"]] = r[metric]
-    diffs = np.array(
-        [b[arm] - b[reference] for b in by_block.values() if arm in b and reference in b]
-    )
-    n = int(diffs.size)
+    pairs = [b for b in _by_block(rows, metric, False).values() if arm in b and reference in b]
+    mean, half, n = t_interval(np.array([b[arm] - b[reference] for b in pairs]), level=level)
     if n == 0:
         return {"pairs": 0, "mean": None, "low": None, "high": None}
-    mean = float(diffs.mean())
     if n < 2:
         return {"pairs": n, "mean": mean, "low": None, "high": None}
-    half = float(stats.t.ppf(0.5 + level / 2, n - 1) * diffs.std(ddof=1) / math.sqrt(n))
     return {"pairs": n, "mean": mean, "low": mean - half, "high": mean + half}
 
 
-def paired_ratio(rows: list[dict[str, Any]], reference: str, arm: str, metric: str) -> dict:
+def ratio_by_block(rows: list[dict[str, Any]], reference: str, arm: str, metric: str) -> dict:
     """``arm`` over ``reference`` block by block: geometric-mean ratio and its t interval."""
-    by_block: dict[int, dict[str, float]] = {}
-    for r in rows:
-        if r[metric] is not None and r[metric] > 0:
-            by_block.setdefault(r["block"], {})[r["arm"]] = r[metric]
-    logs = np.array(
-        [math.log(b[arm] / b[reference]) for b in by_block.values() if arm in b and reference in b]
-    )
-    return ratio_interval(logs)
+    pairs = [b for b in _by_block(rows, metric, True).values() if arm in b and reference in b]
+    return ratio_interval(np.array([math.log(b[arm] / b[reference]) for b in pairs]))
 
 
 def twin_agreement(summary: dict[str, Any], counterfactual: dict[str, Any]) -> dict[str, Any]:

@@ -1,9 +1,9 @@
 """The gateway's live twins: one per twin-driven arm, and the arms' counterfactual A/B.
 
-Every request's life reaches one feed (:mod:`balanceroute.router.lab.twin_feed`): its arrival
+Every request's life reaches one feed (:mod:`balanceroute.router.lab.twin.feed`): its arrival
 (time at the gateway, prompt tokens, prompt key), its finish with the tokens streamed (the
 rows of the completion log), or its drop (abandoned, aborted, failed: never replayed, as the
-estimators never learn it). A child process (:class:`~balanceroute.router.lab.twin_proc.TwinProcess`:
+estimators never learn it). A child process (:class:`~balanceroute.serving.twinproc.process.TwinProcess`:
 the replays hold no GIL of the gateway's) numbers the finished requests in arrival order and
 steps, under the budget (``work_ratio`` simulated iterations per live iteration, the gateway's
 step estimate) and the CPU cap (the child's CPU):
@@ -30,12 +30,14 @@ from typing import Any
 from balanceroute.predict.base import CompletionEstimator
 from balanceroute.predict.remote import RemoteEstimator
 from balanceroute.router.lab.cost import CostModel
-from balanceroute.router.lab.twin import SequentialTest, TwinConfig, TwinGroup
-from balanceroute.router.lab.twin_live import NICE, pending_limit
-from balanceroute.router.lab.twin_prior import live_start
-from balanceroute.router.lab.twin_proc import ComparisonMaker, TwinMaker, TwinProcess
+from balanceroute.router.lab.twin.config import TwinConfig, TwinGroup
+from balanceroute.router.lab.twin.live import NICE, pending_limit
+from balanceroute.router.lab.twin.prior_start import live_start
+from balanceroute.router.lab.twin.sequential import SequentialTest
 from balanceroute.router.policies.balance_route import BalanceRoutePolicy, guard_applies
 from balanceroute.serving.gateway.arms import Arm
+from balanceroute.serving.twinproc.child import ComparisonMaker, TwinMaker
+from balanceroute.serving.twinproc.process import TwinProcess
 
 COMPARISON = "counterfactual"
 

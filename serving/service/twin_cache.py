@@ -2,7 +2,7 @@
 
 A routing call builds a fresh policy (no state leaks between callers), but the twin that
 chooses BR-H's blend weight learns across calls: it lives here, one per model arm and policy
-name (a bounded set), and runs in one child process (:mod:`balanceroute.router.lab.twin_proc`:
+name (a bounded set), and runs in one child process (:mod:`balanceroute.serving.twinproc`:
 the replays hold none of the service's GIL); the calls feed it and read its reports, never
 waiting.
 The service learns of a request's life from the snapshots it is sent: a pool id seen for the
@@ -26,13 +26,15 @@ from typing import Any
 
 from balanceroute.predict.base import CompletionEstimator
 from balanceroute.router.lab.cost import CostModel
-from balanceroute.router.lab.twin import SequentialTest, TwinConfig, TwinGroup
-from balanceroute.router.lab.twin_live import pending_limit
-from balanceroute.router.lab.twin_prior import live_start
-from balanceroute.router.lab.twin_proc import ProcChannel, TwinMaker, TwinProcess
+from balanceroute.router.lab.twin.config import TwinConfig, TwinGroup
+from balanceroute.router.lab.twin.live import pending_limit
+from balanceroute.router.lab.twin.prior_start import live_start
+from balanceroute.router.lab.twin.sequential import SequentialTest
 from balanceroute.router.policies.specs import RouterSpec
 from balanceroute.serving.service.decode import key_column
 from balanceroute.serving.service.route_schemas import RouteRequest
+from balanceroute.serving.twinproc.child import TwinMaker
+from balanceroute.serving.twinproc.process import ProcChannel, TwinProcess
 
 JOB = "twin"
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import openai
 import pytest
@@ -12,6 +10,7 @@ from tests.conformance.engine import Engine
 from tests.conformance.processes import Gateway
 from tests.conformance.shapes import client, error_of, raised
 from tests.conformance.wire import body, held, metric
+from tests.poll import until
 
 BAD_BODIES = {
     "wrong-type": lambda m: {"model": m, "prompt": "hi", "max_tokens": "many"},
@@ -124,10 +123,5 @@ def test_full_pool_is_429_with_vllms_body(engine: Engine, start_gateway) -> None
 
 def _wait_pool(gw: Gateway, timeout_s: float = 120.0) -> None:
     """Wait until the gateway's pool holds a request (the one rank's slot is taken)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        text = httpx.get(gw.url + "/metrics", timeout=5).text
-        if metric(text, "balanceroute_gateway_pool_size") >= 1:
-            return
-        time.sleep(0.1)
-    raise AssertionError("the pool never filled")
+    pool = lambda: metric(httpx.get(gw.url + "/metrics", timeout=5).text, "balanceroute_gateway_pool_size")  # noqa: E731
+    until(lambda: pool() >= 1, timeout_s, "the pool filled", poll_s=0.1)

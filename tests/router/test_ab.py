@@ -10,7 +10,7 @@ from balanceroute.cli import main as balanceroute_main
 from balanceroute.features.errors import UserError
 from balanceroute.features.synthetic import generate
 from balanceroute.router.lab.ab import ABConfig, aggregate, run_ab
-from balanceroute.router.lab.twin import TwinConfig
+from balanceroute.router.lab.twin.config import TwinConfig
 from balanceroute.router.policies.specs import RouterSpec, parse_arms
 
 ARMS = "count-jsq,token-jsq,br0,brh:none,brh:survival,brh:oracle{gamma=0.9;beta=20}"

@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 from balanceroute.features.errors import UserError
 from balanceroute.predict.exactmatch import ExactMatchEstimator
 from balanceroute.predict.survival import SurvivalEstimator
-from balanceroute.router.lab.twin import TwinConfig
-from balanceroute.router.lab.twin_prior import PriorConfig, measure_folds, measure_prior
+from balanceroute.router.lab.twin.config import TwinConfig
+from balanceroute.router.lab.twin.prior import PriorConfig
+from balanceroute.router.lab.twin.prior_measure import measure_folds, measure_prior
 from balanceroute.training.crossfit import fitted_folds, time_folds
 from tests.router.helpers import frame
 

@@ -12,14 +12,15 @@ from hypothesis import strategies as st
 from balanceroute.features.synthetic import generate
 from balanceroute.predict.base import survival_from_remaining
 from balanceroute.predict.registry import make_estimator
-from balanceroute.router.lab import twin as twin_module
-from balanceroute.router.lab.twin import TwinConfig
-from balanceroute.router.lab.twin_prior import PriorConfig, TwinPrior, attach_priors, measure_prior
+from balanceroute.router.lab.twin import config as twin_config
+from balanceroute.router.lab.twin.config import TwinConfig
+from balanceroute.router.lab.twin.prior import PriorConfig, TwinPrior, attach_priors
+from balanceroute.router.lab.twin.prior_measure import measure_prior
 from balanceroute.router.policies.balance_config import BRH_DEFAULTS, GAMMA_MAX, GAMMA_MIN
 from balanceroute.router.policies.balance_route import BRHPolicy
 from balanceroute.router.policies.policy import RunContext
 from balanceroute.router.policies.state import RequestTable
-from balanceroute.training.decision import curve_scores, discount_weights, router_gamma
+from balanceroute.training.decision import curve_scores, lookahead_weights, router_gamma
 from balanceroute.training.holdout import make_holdout
 from balanceroute.training.recommend import RANKING_SCORES, REFERENCE, recommend
 from balanceroute.training.replay_scores import (
@@ -70,9 +71,9 @@ def test_curve_scores_of_exact_and_of_no_knowledge():
     for k in (8, 16):  # a curve of ones errs by 1 on every request gone by k
         assert blind[f"brier_at_{k}"] == pytest.approx(np.average(r <= k, weights=w))
     gone = np.array([np.average(r <= k, weights=w) for k in range(1, H + 1)])
-    assert blind["ibs_discounted"] == pytest.approx(gone @ discount_weights(H, 0.9))
+    assert blind["ibs_discounted"] == pytest.approx(gone @ lookahead_weights(H, 0.9))
     assert blind["ibs_discounted_per_request"] == pytest.approx(
-        np.mean(r[:, None] <= np.arange(1, H + 1), axis=0) @ discount_weights(H, 0.9)
+        np.mean(r[:, None] <= np.arange(1, H + 1), axis=0) @ lookahead_weights(H, 0.9)
     )
     assert "brier_at_40" not in blind  # beyond the horizon
 
@@ -88,7 +89,7 @@ def test_margin_error_ignores_what_every_worker_shares(workers, seed, shift):
     rng = np.random.default_rng(seed)
     departed = rng.random((workers, H + 1)) * 1000
     actual = rng.random((workers, H + 1)) * 1000
-    w = discount_weights(H, 0.85)
+    w = lookahead_weights(H, 0.85)
     total, margin = state_errors(departed, actual, 5000.0, w)
     moved = state_errors(departed + shift * rng.random((1, H + 1)), actual, 5000.0, w)
     assert moved[1] == pytest.approx(margin, rel=1e-9, abs=1e-12)
@@ -173,7 +174,7 @@ def test_twin_scores_are_the_twins_verdict_on_the_holdout(monkeypatch):
     """Every estimator gets the twin's ratio, weight and bound from its paired test on the
     holdout; ``none`` and references are 1 and 0; a weight above 0 comes with a ratio below 1
     (the twin only moves on a gain)."""
-    monkeypatch.setattr(twin_module, "BLOCK_SLOT_MULTIPLE", 4)  # blocks of 4 G B = 64 requests
+    monkeypatch.setattr(twin_config, "BLOCK_SLOT_MULTIPLE", 4)  # blocks of 4 G B = 64 requests
     trace = generate("mooncake-conv", 1600, seed=2)
     holdout = make_holdout(trace)
     ests = {

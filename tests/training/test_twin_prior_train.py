@@ -15,13 +15,8 @@ from mlflow import MlflowClient
 from balanceroute.features.workload import WorkloadSpec, load_workload
 from balanceroute.predict.factory import EstimatorSpec, build_estimator
 from balanceroute.predict.model_store import load_estimator
-from balanceroute.router.lab.twin_prior import (
-    PRIOR_ATTRIBUTE,
-    PriorConfig,
-    TwinPrior,
-    measure_folds,
-    twin_prior,
-)
+from balanceroute.router.lab.twin.prior import PRIOR_ATTRIBUTE, PriorConfig, TwinPrior, twin_prior
+from balanceroute.router.lab.twin.prior_measure import measure_folds
 from balanceroute.training.crossfit import fitted_folds, time_folds
 from balanceroute.training.holdout import make_holdout
 from tests.training.conftest import PRESET_ARGS, run_cli

@@ -20,6 +20,7 @@ import pandas as pd
 import pytest
 
 from balanceroute.serving.testbed.bench.client import RequestRecord, stream_request
+from tests.poll import until
 from tests.serving.gateway.fake_ranks import FakeRank
 from tests.serving.gateway.helpers import GatewayProcess
 from tests.serving.testbed.helpers import Emulator
@@ -229,13 +230,6 @@ def test_a_rank_refusing_the_key_leaves_the_rotation_and_none_left_is_503(tmp_pa
         good.stop()
 
 
-def _until(check: Any, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, "not within the deadline"
-        time.sleep(0.05)
-
-
 def test_health_checks_have_hysteresis(fake: FakeRank, tmp_path: Path) -> None:
     """A rank whose /health fails every other time stays in rotation; one failing every time
     leaves after --health-fall checks and comes back after --health-rise good ones."""
@@ -248,12 +242,12 @@ def test_health_checks_have_hysteresis(fake: FakeRank, tmp_path: Path) -> None:
         time.sleep(2.0)  # about 20 checks, half of them failed, never 3 in a row
         assert healthy() == 1 and "left the rotation" not in gw.log()
         httpx.post(fake.url + "/control", json={"health": "fail"}, timeout=5)
-        _until(lambda: healthy() == 0)
+        until(lambda: healthy() == 0)
         assert "3 checks in a row" in gw.log()
         r = httpx.post(gw.url + "/v1/completions", json={"prompt": "x"}, timeout=10)
         assert r.status_code == 503 and "503" in error_of(r)["message"]
         httpx.post(fake.url + "/control", json={"health": "ok"}, timeout=5)
-        _until(lambda: healthy() == 1)
+        until(lambda: healthy() == 1)
         assert _stream(gw.url, "back again")[-1]["choices"][0]["finish_reason"] == "length"
     finally:
         gw.stop()
@@ -267,7 +261,7 @@ def test_a_killed_gateway_loses_at_most_rotate_s_of_its_log(fake: FakeRank, tmp_
     try:
         for i in range(3):
             _stream(gw.url, f"kept {i}")
-        _until(lambda: sum(len(pd.read_parquet(p)) for p in folder.glob("*.parquet")) == 3, 10.0)
+        until(lambda: sum(len(pd.read_parquet(p)) for p in folder.glob("*.parquet")) == 3, 10.0)
     finally:
         gw.kill()
 

@@ -25,6 +25,7 @@ import orjson
 import pandas as pd
 import pytest
 
+from tests.poll import until
 from tests.serving.gateway.helpers import GatewayProcess
 from tests.serving.testbed.helpers import Emulator
 
@@ -32,15 +33,6 @@ pytestmark = pytest.mark.server
 NO_RANK_WAIT_S = 2.0
 ASKED = 300  # tokens each request of the fault run asks for (~2.6 s at --time-scale 5)
 FAULT_REQUESTS = 48
-
-
-def _until(check: Callable[[], bool], timeout_s: float = 60.0, what: str = "") -> None:
-    """Poll ``check`` until it holds (AssertionError after ``timeout_s``: a bound, not a sleep)."""
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not reached within {timeout_s:g} s: {what}")
-        time.sleep(0.05)
 
 
 def _post(url: str, stream: bool, max_tokens: int) -> tuple[httpx.Response, float]:
@@ -55,9 +47,9 @@ def _queue_behind_one_slot(gw: GatewayProcess, queued: int) -> tuple[cf.ThreadPo
     """A long stream taking the one slot, then ``queued`` requests waiting in the pool."""
     pool = cf.ThreadPoolExecutor(queued + 1)
     long = pool.submit(_post, gw.url, True, 50_000)
-    _until(lambda: gw.metric("balanceroute_gateway_rank_running_requests") == 1, what="a slot")
+    until(lambda: gw.metric("balanceroute_gateway_rank_running_requests") == 1, what="a slot")
     waiting = [pool.submit(_post, gw.url, i % 2 == 0, 20) for i in range(queued)]
-    _until(lambda: gw.metric("balanceroute_gateway_pool_size") == queued, what="the pool")
+    until(lambda: gw.metric("balanceroute_gateway_pool_size") == queued, what="the pool")
     return pool, long, waiting
 
 
@@ -112,7 +104,7 @@ def test_a_rank_back_within_the_wait_serves_the_queued_requests(one_rank: list[E
     try:
         pool, long, waiting = _queue_behind_one_slot(gw, 3)
         emu.kill()
-        _until(lambda: gw.metric("balanceroute_gateway_rank_healthy", rank="0") == 0,
+        until(lambda: gw.metric("balanceroute_gateway_rank_healthy", rank="0") == 0,
                what="the killed rank out of rotation")  # fmt: skip
         one_rank.append(Emulator(tmp_path / "emu2.out", ranks=1, slots=1, time_scale=5.0,
                                  port_base=emu.config.port_base))  # fmt: skip
@@ -171,15 +163,15 @@ def fault_run(tmp_path: Path) -> dict[str, Any]:
         bench = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             for g, sig in ((0, signal.SIGTERM), (1, signal.SIGKILL)):
-                _until(_streaming(emus[g], _generated(emus[g])), what=f"rank {g} streaming")
+                until(_streaming(emus[g], _generated(emus[g])), what=f"rank {g} streaming")
                 emus[g].proc.send_signal(sig)
                 emus[g].process.terminate(20.0)  # reaped (SIGKILL'd if SIGTERM took too long)
-                _until(lambda g=g: gw.metric("balanceroute_gateway_rank_healthy", rank=str(g))
+                until(lambda g=g: gw.metric("balanceroute_gateway_rank_healthy", rank=str(g))
                        == 0, what=f"rank {g} out of rotation")  # fmt: skip
             for g in (0, 1):
                 started.append(Emulator(tmp_path / f"emu{g}-again.out", ranks=1, slots=4,
                                         time_scale=5.0, port_base=emus[g].config.port_base))  # fmt: skip
-            _until(lambda: all(gw.metric("balanceroute_gateway_rank_healthy", rank=str(g)) == 1
+            until(lambda: all(gw.metric("balanceroute_gateway_rank_healthy", rank=str(g)) == 1
                                for g in (0, 1)), what="ranks 0 and 1 back in rotation")  # fmt: skip
             output, _ = bench.communicate(timeout=300)
         finally:

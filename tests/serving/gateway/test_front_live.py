@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.poll import until
 from tests.serving.gateway.helpers import GatewayProcess
 from tests.serving.testbed.helpers import Emulator
 
@@ -40,16 +40,6 @@ async def _hold(url: str, opened: list[int], stop: asyncio.Event) -> None:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def _until(check, timeout_s: float = 30.0) -> Any:
-    """Poll ``check`` until it returns something truthy (bounded)."""
-    end = time.monotonic() + timeout_s
-    while True:
-        got = check()
-        if got or time.monotonic() > end:
-            return got
-        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
@@ -85,10 +75,10 @@ def seen(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                 full = sum(e["num_reqs"] for e in entries) == STREAMS
                 return entries if full and all(e["num_tokens"] > 0 for e in entries) else None
 
-            out["busy"] = _until(busy)
+            out["busy"] = until(busy)
             # the ranks start a forwarded request at their next iteration: wait for them
             running = lambda: emu.metrics("vllm:num_requests_running")  # noqa: E731
-            _until(lambda: running() == RANKS * SLOTS)
+            until(lambda: running() == RANKS * SLOTS)
             out["emulator_running"] = running()
         finally:
             loop.call_soon_threadsafe(stop.set)

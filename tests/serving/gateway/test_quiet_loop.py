@@ -25,6 +25,7 @@ from balanceroute.serving.gateway.settings import GatewaySettings
 from balanceroute.serving.gateway.split.clock import ClockedGroup, EngineCounters
 from balanceroute.serving.gateway.state import LiveGroup
 from balanceroute.serving.gateway.switchback import Switchback
+from tests.poll import until_async
 
 
 class Counted(Dispatcher):
@@ -50,14 +51,6 @@ class Counted(Dispatcher):
         return super().decide()
 
 
-async def _until(check, what: str, limit_s: float = 30.0) -> None:
-    for _ in range(int(limit_s / 0.005)):
-        if check():
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError(f"never: {what}")
-
-
 def test_a_quiet_loop_sleeps_until_an_arrival_wakes_it() -> None:
     """Nothing waits or runs: over many ticks' time the loop makes no decision and only its first
     regular sample; an arrival wakes it and is admitted at once."""
@@ -67,7 +60,7 @@ def test_a_quiet_loop_sleeps_until_an_arrival_wakes_it() -> None:
         d = Counted(group)
         loop = asyncio.get_running_loop().create_task(d.run(0.001, 3600.0))
         try:
-            await _until(lambda: len(d.ticks) == 1, "the first sample")
+            await until_async(lambda: len(d.ticks) == 1, what="the first sample")
             await asyncio.sleep(0.2)  # two hundred ticks' time
             assert d.decisions == 0 and len(d.ticks) == 1 and d.sb_samples == 1
             p = group.arrive(100, 1, d.clock())
@@ -157,7 +150,7 @@ def test_a_queued_request_still_gets_its_503_after_the_no_rank_wait(tmp_path: Pa
         gw = build_gateway(settings)
         await gw.start()
         try:
-            await _until(lambda: gw.health.outage_since is not None, "the outage")
+            await until_async(lambda: gw.health.outage_since is not None, what="the outage")
             checked = SimpleNamespace(stream=False, stream_options=None)
             req = arrive(gw, request_id=None, path="/v1/completions", chat=False,
                          body={}, checked=checked, tokens=10, key="k", key_hash=1)  # fmt: skip

@@ -21,8 +21,8 @@ from balanceroute.cli import build_parser
 from balanceroute.cli.gateway import settings_from_args
 from balanceroute.features.errors import UserError
 from balanceroute.predict.factory import build_estimator
-from balanceroute.router.lab.twin import TwinConfig, TwinGroup
-from balanceroute.router.lab.twin_prior import attach_priors
+from balanceroute.router.lab.twin.config import TwinConfig, TwinGroup
+from balanceroute.router.lab.twin.prior import attach_priors
 from balanceroute.router.policies.specs import RouterSpec
 from balanceroute.serving.gateway.arms import Arm, Handle
 from balanceroute.serving.gateway.dispatch import Dispatcher
@@ -30,9 +30,10 @@ from balanceroute.serving.gateway.metrics import GatewayMetrics
 from balanceroute.serving.gateway.state import LiveGroup
 from balanceroute.serving.gateway.switchback import Switchback, report_markdown, twin_agreement
 from balanceroute.serving.gateway.twins import COMPARISON, GatewayTwins, local_model, twin_drives
+from tests.poll import until
 from tests.router.helpers import frame
-from tests.router.test_twin_prior import _prior
-from tests.router.twin_jobs import PinnedMaker, StuckMaker
+from tests.router.twin.test_prior import _prior
+from tests.serving.twinproc.jobs import PinnedMaker, StuckMaker
 
 G, B = 2, 3
 CFG = TwinConfig(block_requests=32, min_windows=3, cooldown=2, memory=8)
@@ -161,10 +162,7 @@ def test_decisions_never_wait_for_a_twin_stuck_in_a_step(tmp_path):
     twins.start()
     pid = twins.worker.pid
     try:
-        deadline = time.monotonic() + 60
-        while not marker.exists() and time.monotonic() < deadline:  # until the child steps
-            traffic.step()
-            time.sleep(0.001)
+        until(marker.exists, 60.0, "the child steps", poll_s=0.001, every=traffic.step)
         assert marker.read_text() == str(pid)  # stuck in its step, in the child
         before = len(traffic.blends)
         for _ in range(100):  # the child is inside a step: decisions go on, fed to it

@@ -26,7 +26,7 @@ from balanceroute.serving.gateway.metrics import GatewayMetrics
 from balanceroute.serving.gateway.relay import LiveRequest, Relay, upstream_body
 from balanceroute.serving.gateway.settings import GatewaySettings
 from balanceroute.serving.gateway.state import LiveGroup
-from balanceroute.serving.gateway.switchback import Switchback, paired_interval
+from balanceroute.serving.gateway.switchback import Switchback, difference_by_block
 from balanceroute.serving.gateway.tokens import PromptCounter, prompt_key
 from balanceroute.serving.lifecycle.recent import RecentCompletions
 
@@ -300,7 +300,7 @@ def test_warmup_is_left_out_and_the_paired_interval_is_a_t_interval() -> None:
     assert summary["windows_done"] == 8
     assert summary["per_arm"]["a"]["imbalance"] == pytest.approx(10.0)
     rows = summary["windows"][:8]
-    d = paired_interval(rows, "a", "b", "imbalance")
+    d = difference_by_block(rows, "a", "b", "imbalance")
     diffs = []
     for block in range(4):
         by = {r["arm"]: r["imbalance"] for r in rows if r["block"] == block}

@@ -12,16 +12,17 @@ import numpy as np
 import pytest
 
 from balanceroute.predict.survival import SurvivalEstimator
-from balanceroute.router.lab.twin import TwinConfig, TwinGroup
-from balanceroute.router.lab.twin_prior import attach_priors
+from balanceroute.router.lab.twin.config import TwinConfig, TwinGroup
+from balanceroute.router.lab.twin.prior import attach_priors
 from balanceroute.router.policies.specs import RouterSpec
 from balanceroute.serving.service.route_schemas import RouteRequest
 from balanceroute.serving.service.snapshot import decide
 from balanceroute.serving.service.twin_cache import JOB, RouteTwins
+from tests.poll import until
 from tests.router.helpers import frame
-from tests.router.test_twin_prior import _prior
-from tests.router.twin_jobs import RecordingMaker, StuckMaker
+from tests.router.twin.test_prior import _prior
 from tests.serving.service.helpers import Server, post
+from tests.serving.twinproc.jobs import RecordingMaker, StuckMaker
 
 G, B = 2, 4
 
@@ -159,10 +160,7 @@ def test_routing_never_waits_for_a_twin_stuck_in_a_step(tmp_path):
     group = TwinGroup(RouterSpec("brh", None, {"horizon": 8}), G, B)
     channel.add(JOB, StuckMaker(group, d.est, TwinConfig(), str(marker)), d.lock)
     try:
-        deadline = time.monotonic() + 60
-        while not marker.exists() and time.monotonic() < deadline:  # the child steps, sticks
-            d.call()
-            time.sleep(0.001)
+        until(marker.exists, 60.0, "the child steps, sticks", poll_s=0.001, every=d.call)
         pid = twins.worker.pid
         assert pid is not None and marker.read_text() == str(pid) and pid != os.getpid()
         calls = d.k

@@ -12,7 +12,6 @@ horizontal topology: a peer router spreading requests over two groups' gateways.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import pytest
 
 from balanceroute.serving.testbed.emulator.metrics import metric_total, parse_metrics
 from balanceroute.serving.testbed.harness import ServerProcess, clean_env, free_port
+from tests.poll import until
 from tests.serving.gateway.helpers import GatewayProcess
 from tests.serving.testbed.helpers import Emulator
 
@@ -72,13 +72,12 @@ class Peer:
 
     def wait_workers(self, n: int, timeout_s: float = 60.0) -> list[dict]:
         """``GET /workers`` once it lists ``n`` workers."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+
+        def listed() -> list[dict]:
             workers = httpx.get(self.url + "/workers", timeout=5.0).json().get("workers", [])
-            if len(workers) >= n:
-                return workers
-            time.sleep(0.1)
-        raise AssertionError(f"{self.url} lists no {n} workers: {self.process.log()}")
+            return workers if len(workers) >= n else []
+
+        return until(listed, timeout_s, f"{self.url} lists {n} workers", poll_s=0.1)
 
     def loads(self) -> list[int]:
         return [

@@ -23,20 +23,18 @@ from balanceroute.predict.survival import SurvivalEstimator
 from balanceroute.router.lab.ab import ABConfig, run_ab
 from balanceroute.router.lab.prefill import PrefillConfig
 from balanceroute.router.lab.runner import ReplaySpec, simulate_workload
-from balanceroute.router.lab.twin import DecodeTwin, TwinConfig, TwinGroup
-from balanceroute.router.lab.twin_prior import (
+from balanceroute.router.lab.twin.config import TwinConfig, TwinGroup
+from balanceroute.router.lab.twin.decode import DecodeTwin
+from balanceroute.router.lab.twin.prior import (
     PRIOR_ATTRIBUTE,
     PriorConfig,
     TwinPrior,
     attach_priors,
-    judged,
-    measure_folds,
-    measure_prior,
     model_priors,
-    prior_start,
-    prior_test,
     twin_prior,
 )
+from balanceroute.router.lab.twin.prior_measure import judged, measure_folds, measure_prior
+from balanceroute.router.lab.twin.prior_start import prior_start, prior_test
 from balanceroute.router.policies.specs import RouterSpec
 from tests.router.helpers import frame
 

@@ -12,10 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from balanceroute.predict.survival import SurvivalEstimator
-from balanceroute.router.lab.twin import SequentialTest, TwinConfig, TwinGroup
-from balanceroute.router.lab.twin_compare import ArmComparison, ComparedArm
-from balanceroute.router.lab.twin_feed import ArrivalOrder, TwinFeed
-from balanceroute.router.lab.twin_live import MAX_LAG, Channel, LiveTwin, TwinWorker
+from balanceroute.router.lab.twin.compare import ArmComparison, ComparedArm
+from balanceroute.router.lab.twin.config import TwinConfig, TwinGroup
+from balanceroute.router.lab.twin.feed import ArrivalOrder, TwinFeed
+from balanceroute.router.lab.twin.live import MAX_LAG, Channel, LiveTwin, TwinWorker
+from balanceroute.router.lab.twin.sequential import SequentialTest
 from balanceroute.router.policies.specs import RouterSpec
 from tests.router.helpers import frame
 

@@ -7,12 +7,14 @@ import numpy as np
 import pandas as pd
 
 from balanceroute.predict.survival import SurvivalEstimator
-from balanceroute.router.lab import twin_warmup
 from balanceroute.router.lab.prefill import PrefillConfig
 from balanceroute.router.lab.runner import ReplaySpec, released_requests, simulate_workload
-from balanceroute.router.lab.twin import DecodeTwin, SequentialTest, TwinConfig, TwinGroup
-from balanceroute.router.lab.twin_schedule import scheduled_weight, twin_schedule
-from balanceroute.router.lab.twin_warmup import warm_split, warm_start, warm_up
+from balanceroute.router.lab.twin import warmup as twin_warmup
+from balanceroute.router.lab.twin.config import TwinConfig, TwinGroup
+from balanceroute.router.lab.twin.decode import DecodeTwin
+from balanceroute.router.lab.twin.schedule import scheduled_weight, twin_schedule
+from balanceroute.router.lab.twin.sequential import SequentialTest
+from balanceroute.router.lab.twin.warmup import warm_split, warm_start, warm_up
 from balanceroute.router.policies.specs import RouterSpec
 from tests.router.helpers import frame, released
 

@@ -4,7 +4,7 @@ A live switchback measures arms on different windows of time. The twin can repla
 requests under every arm it can build in the simulator: each block of consecutive finished
 arrivals (non-overlapping, the twin's block size) is replayed from an empty group once per arm
 with the same releases and seed, each learned estimator a leakage-free shadow copy
-(:class:`~.twin.ShadowEstimator`: it learns only requests that finished before the block's first
+(:class:`~.shadow.ShadowEstimator`: it learns only requests that finished before the block's first
 arrival), a twin-driven arm at the weight its live twin routes with. The evidence is the log
 ratio of each arm's steady imbalance to the reference arm's (the first); the summary gives the
 geometric-mean ratio with a Student-t 95% interval over blocks.
@@ -12,27 +12,20 @@ geometric-mean ratio with a Student-t 95% interval over blocks.
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
 from balanceroute.predict.base import CompletionEstimator
+from balanceroute.router.lab.paired import ratio_interval
 from balanceroute.router.lab.prefill import ReleasedRequests
-from balanceroute.router.lab.twin import (
-    MIN_STEADY,
-    Finished,
-    ShadowEstimator,
-    TwinConfig,
-    TwinGroup,
-    replay_block,
-)
+from balanceroute.router.lab.twin.config import MIN_STEADY, Finished, TwinConfig, TwinGroup
+from balanceroute.router.lab.twin.replay import block_releases, replay_block
+from balanceroute.router.lab.twin.shadow import ShadowEstimator
 from balanceroute.router.policies.specs import RouterSpec
-from balanceroute.router.policies.state import RequestTable
 
 MEMORY = 256  # blocks the comparison keeps
 
@@ -46,37 +39,6 @@ class ComparedArm:
     spec: RouterSpec
     estimator: CompletionEstimator | None = None
     weight: Callable[[], float] | None = None
-
-
-def block_releases(block: Finished) -> ReleasedRequests:
-    """A block of finished requests as the simulator's releases, from time 0."""
-    return ReleasedRequests(
-        release_s=block.release_s - block.release_s.min(),
-        prompt_tokens=block.prompt_tokens.astype(np.int64),
-        output_tokens=np.maximum(block.output_tokens.astype(np.int64), 1),
-        table=RequestTable(
-            prompt_tokens=block.prompt_tokens.astype(np.int64),
-            prompt_key=block.prompt_key,
-            trace_index=block.trace_index,
-        ),
-    )
-
-
-def ratio_interval(logs: np.ndarray, level: float = 0.95) -> dict[str, Any]:
-    """Geometric-mean ratio of paired log ratios and its Student-t interval."""
-    n = int(logs.size)
-    if n == 0:
-        return {"blocks": 0, "ratio": None, "low": None, "high": None}
-    m = float(logs.mean())
-    if n < 2:
-        return {"blocks": n, "ratio": math.exp(m), "low": None, "high": None}
-    half = float(stats.t.ppf(0.5 + level / 2, n - 1) * logs.std(ddof=1) / math.sqrt(n))
-    return {
-        "blocks": n,
-        "ratio": math.exp(m),
-        "low": math.exp(m - half),
-        "high": math.exp(m + half),
-    }
 
 
 class ArmComparison:

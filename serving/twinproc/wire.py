@@ -1,6 +1,6 @@
 """The twins' wire: length-prefixed pickled frames over one end of a socket pair, never waiting.
 
-The parent (:class:`~.twin_proc.TwinProcess`) and its child (:mod:`.twin_child`) talk over a
+The parent (:class:`~.process.TwinProcess`) and its child (:mod:`.child`) talk over a
 socket pair: every frame is a 4-byte length and a pickle. ``send`` and ``receive`` use
 ``MSG_DONTWAIT``: what the socket does not take stays in :attr:`Wire.out` (the parent bounds it),
 and only complete frames are returned.

@@ -9,16 +9,12 @@ from hypothesis import strategies as st
 
 from balanceroute.predict.survival import SurvivalEstimator
 from balanceroute.router.lab.simulator import SimConfig, simulate
-from balanceroute.router.lab.twin import (
-    DecodeTwin,
-    Finished,
-    SequentialTest,
-    ShadowEstimator,
-    TwinConfig,
-    TwinDriver,
-    TwinGroup,
-)
-from balanceroute.router.lab.twin_schedule import ScheduleEntry, scheduled_weight, twin_schedule
+from balanceroute.router.lab.twin.config import Finished, TwinConfig, TwinGroup
+from balanceroute.router.lab.twin.decode import DecodeTwin
+from balanceroute.router.lab.twin.driver import TwinDriver
+from balanceroute.router.lab.twin.schedule import ScheduleEntry, scheduled_weight, twin_schedule
+from balanceroute.router.lab.twin.sequential import SequentialTest
+from balanceroute.router.lab.twin.shadow import ShadowEstimator
 from balanceroute.router.policies.balance_route import BRHPolicy
 from balanceroute.router.policies.specs import RouterSpec
 from tests.router.helpers import frame, released

@@ -1,6 +1,6 @@
 """The twins' child process: the jobs' factories it builds and its loop (:func:`child_main`).
 
-The child holds a :class:`~.twin_live.TwinWorker`'s channels (one per program feed) and their
+The child holds a :class:`~balanceroute.router.lab.twin.live.TwinWorker`'s channels (one per program feed) and their
 jobs; a reader thread drains the parent's frames (so the socket never fills while a step runs);
 the main thread services the channels under the CPU cap (the child's whole CPU since it started)
 and reports every job's weight and stats, the feed's counts and its CPU (:data:`REPORT_S` when
@@ -25,10 +25,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from balanceroute.predict.base import CompletionEstimator
-from balanceroute.router.lab.twin import SequentialTest, TwinConfig, TwinGroup
-from balanceroute.router.lab.twin_compare import ArmComparison, ComparedArm
-from balanceroute.router.lab.twin_live import Channel, LiveTwin, TwinJob, TwinWorker
-from balanceroute.router.lab.twin_wire import Wire
+from balanceroute.router.lab.twin.compare import ArmComparison, ComparedArm
+from balanceroute.router.lab.twin.config import TwinConfig, TwinGroup
+from balanceroute.router.lab.twin.live import Channel, LiveTwin, TwinJob, TwinWorker
+from balanceroute.router.lab.twin.sequential import SequentialTest
+from balanceroute.serving.twinproc.wire import Wire
 
 log = logging.getLogger("balanceroute.twin")
 REPORT_S = 0.25  # the child reports at most this often (and after every step)

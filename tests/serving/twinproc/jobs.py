@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from balanceroute.predict.base import CompletionEstimator
-from balanceroute.router.lab.twin import Finished, TwinConfig, TwinGroup
-from balanceroute.router.lab.twin_live import Channel, LiveTwin
+from balanceroute.router.lab.twin.config import Finished, TwinConfig, TwinGroup
+from balanceroute.router.lab.twin.live import Channel, LiveTwin
 
 
 class Pinned(LiveTwin):

@@ -9,7 +9,9 @@ import numpy as np
 
 from balanceroute.predict.base import CompletionEstimator
 from balanceroute.router.lab.prefill import ReleasedRequests
-from balanceroute.router.lab.twin import DecodeTwin, Finished, SequentialTest, TwinConfig, TwinGroup
+from balanceroute.router.lab.twin.config import Finished, TwinConfig, TwinGroup
+from balanceroute.router.lab.twin.decode import DecodeTwin
+from balanceroute.router.lab.twin.sequential import SequentialTest
 from balanceroute.router.policies.policy import Policy, RunContext
 from balanceroute.router.policies.state import Admissions, RouterState
 

@@ -1,12 +1,12 @@
 """The twin live: decode twins beside a service's or a gateway's router, stepped by a worker.
 
 A program routes with :attr:`LiveTwin.weight` (an attribute read: the routing path never waits
-for the twin). Its requests reach the twin through a :class:`~.twin_feed.TwinFeed` (events
+for the twin). Its requests reach the twin through a :class:`~.feed.TwinFeed` (events
 appended to a deque) and a :class:`TwinWorker` does everything else: numbering finished
 requests in arrival order, feeding them to the twins, and stepping each twin while it has
 budget: ``work_ratio`` simulated iterations per live iteration the program reports
 (:meth:`TwinFeed.tick`), as in ``simulate``. The gateway and the service run the worker in a
-child process (:mod:`.twin_proc`: the replays hold none of the program's GIL; there the cap
+child process (:mod:`balanceroute.serving.twinproc`: the replays hold none of the program's GIL; there the cap
 counts the child's whole CPU); :meth:`TwinWorker.start` runs it as a thread of the program
 (benchmarks, tests), at the program's own priority by default (a lower one, ``nice``, can stall
 the program's threads that wait for the GIL while the OS does not run the thread holding it;
@@ -37,8 +37,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from balanceroute.predict.base import CompletionEstimator
-from balanceroute.router.lab.twin import DecodeTwin, Finished, SequentialTest, TwinConfig, TwinGroup
-from balanceroute.router.lab.twin_feed import ArrivalOrder, TwinFeed
+from balanceroute.router.lab.twin.config import Finished, TwinConfig, TwinGroup
+from balanceroute.router.lab.twin.decode import DecodeTwin
+from balanceroute.router.lab.twin.feed import ArrivalOrder, TwinFeed
+from balanceroute.router.lab.twin.sequential import SequentialTest
 
 log = logging.getLogger("balanceroute.twin")
 MAX_LAG = 2  # complete blocks a live twin keeps waiting at most (it decides on recent traffic)

@@ -4,13 +4,13 @@ A twin's replays are CPU-bound Python: in a thread of the gateway they hold its 
 hundreds of milliseconds a step and, on a loaded machine, stall its event loop for seconds
 (docs/results.md, "The live twin and the gateway's event loop"). Here they run in a child
 process (:class:`TwinProcess`, started with ``forkserver``: the gateway has threads;
-:mod:`.twin_child`) that holds the :class:`~.twin_live.TwinWorker`'s channels and jobs. The parent keeps the routing side's
-half: per channel a :class:`~.twin_feed.TwinFeed` (arrivals, finishes, drops appended to a
+:mod:`.child`) that holds the :class:`~balanceroute.router.lab.twin.live.TwinWorker`'s channels and jobs. The parent keeps the routing side's
+half: per channel a :class:`~balanceroute.router.lab.twin.feed.TwinFeed` (arrivals, finishes, drops appended to a
 deque, the iteration clock) and the last state the child reported (each job's weight and
 stats, the feed's counts, the child's CPU). :meth:`TwinProcess.pump`, called by the program
 on its own thread every :data:`PUMP_S` or so (the gateway's tick, the service's calls), sends
 the new events as one frame and reads the child's reports, both without blocking: frames go
-over a socket pair with ``MSG_DONTWAIT`` and a bounded send buffer (:mod:`.twin_wire`), so a child inside a long
+over a socket pair with ``MSG_DONTWAIT`` and a bounded send buffer (:mod:`.wire`), so a child inside a long
 step (or stopped) costs the parent nothing but buffered bytes. There is no thread in the
 parent (a waking thread is itself what stalled the loop under load).
 
@@ -36,10 +36,10 @@ from collections import deque
 from collections.abc import Hashable
 from typing import Any
 
-from balanceroute.router.lab.twin_child import ComparisonMaker, Maker, TwinMaker, child_main
-from balanceroute.router.lab.twin_feed import TwinFeed
-from balanceroute.router.lab.twin_live import NICE, POLL_S
-from balanceroute.router.lab.twin_wire import Wire
+from balanceroute.router.lab.twin.feed import TwinFeed
+from balanceroute.router.lab.twin.live import NICE, POLL_S
+from balanceroute.serving.twinproc.child import ComparisonMaker, Maker, TwinMaker, child_main
+from balanceroute.serving.twinproc.wire import Wire
 
 __all__ = ["ComparisonMaker", "TwinMaker", "TwinProcess"]
 
@@ -47,7 +47,7 @@ log = logging.getLogger("balanceroute.twin")
 PUMP_S = 0.05  # the parent sends events and reads reports at most this often
 MAX_BUFFER = 16 << 20  # bytes the parent holds for a child that does not read: then it is ended
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0)  # waits before each restart; then the twins stay off
-_PRELOAD = ["balanceroute.router.lab.twin_proc"]
+_PRELOAD = ["balanceroute.serving.twinproc.process"]
 
 
 class JobView:
@@ -65,7 +65,7 @@ class JobView:
 
 
 class OrderView:
-    """The child's :class:`~.twin_feed.ArrivalOrder` counts, as last reported."""
+    """The child's :class:`~balanceroute.router.lab.twin.feed.ArrivalOrder` counts, as last reported."""
 
     def __init__(self) -> None:
         self.numbered = self.dropped = self.given_up = self.late = self.waiting = 0

@@ -19,8 +19,10 @@ from balanceroute.predict.base import CompletionEstimator
 from balanceroute.predict.factory import build_estimator
 from balanceroute.router.lab.prefill import ReleasedRequests
 from balanceroute.router.lab.replay_spec import ReplaySpec, released_requests
-from balanceroute.router.lab.twin import DecodeTwin, SequentialTest, TwinConfig, TwinGroup
-from balanceroute.router.lab.twin_schedule import finished_all
+from balanceroute.router.lab.twin.config import TwinConfig, TwinGroup
+from balanceroute.router.lab.twin.decode import DecodeTwin
+from balanceroute.router.lab.twin.schedule import finished_all
+from balanceroute.router.lab.twin.sequential import SequentialTest
 from balanceroute.router.policies.specs import RouterSpec
 
 

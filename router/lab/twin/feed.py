@@ -3,7 +3,7 @@
 A service or a gateway tells its feed when a request arrives, finishes (with its output length)
 or is dropped (aborted, errored, abandoned: never replayed, its output length is not one). The
 routing side only appends to a deque (:class:`TwinFeed`, no lock, no wait); the twin's worker
-thread turns the events into :class:`~balanceroute.router.lab.twin.Finished` rows
+thread turns the events into :class:`~balanceroute.router.lab.twin.config.Finished` rows
 (:class:`ArrivalOrder`): a request gets the next arrival number once every request that
 arrived before it has finished or been dropped, so the numbers are dense, in arrival order, and
 a block (consecutive numbers) holds finished requests only. Memory is bounded: at most
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from balanceroute.router.lab.twin import Finished
+from balanceroute.router.lab.twin.config import Finished
 
 ARRIVE, FINISH, DROP = 0, 1, 2
 

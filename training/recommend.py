@@ -1,6 +1,6 @@
 """Which estimator to deploy behind BR-H, or ``none``: the best by the score that ranks
 estimators the way the A/B replays do (``benchmarks/studies/score_ranking.py`` measures which
-score that is; docs/results.md, "Which score ranks estimators like the A/B").
+score that is; docs/results.md, "Completion predictors").
 
 The prediction-free reference ``none`` is scored like every estimator, so it can win: an
 estimator is recommended only if it beats ``none`` on that score by more than ``margin``.
@@ -37,7 +37,7 @@ SCORE_SIGNS: dict[str, int] = {
 }
 # The twin's ratio first: what the default BR-H (the twin choosing the blend weight) makes of
 # each estimator on the holdout, 1 where the twin keeps no prediction (issue 19). Then, as
-# docs/results.md ("Which score ranks estimators like the A/B") found, the replay ratio; it
+# docs/results.md ("Completion predictors") found, the replay ratio; it
 # needs a steady state in the replays, and where there is none the projection error decides
 RANKING_SCORES: tuple[str, ...] = ("twin_ratio", "replay_ratio", "proj_error_margin")
 RANKING_SCORE = RANKING_SCORES[0]

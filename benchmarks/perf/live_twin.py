@@ -15,7 +15,7 @@ core, the switchback summary, the twin's counterfactual comparison and the agree
 gateway's ``report.md``, and the offline ``balanceroute ab`` of the same arms on the same
 requests (with the unguarded ``gbdt`` beside them: what ``w = 1`` is worth there).
 
-The gateway's event loop beside it (docs/results.md, "The live twin and the gateway's event
+The gateway's event loop beside it (docs/results.md, "The live twins and the event
 loop"): the loop lag (``/v1/ab``'s ``loop_lag``: how late a 100 ms timer ran), the largest gap
 between decision ticks (``ticks.parquet``), ``/metrics``' answer times, the ranks leaving the
 rotation, with ``--twin off`` (no twins nor counterfactual: ``gbdt`` routes at its start weight)

@@ -2,7 +2,7 @@
 
 A configuration is a workload (the shared Azure or Mooncake trace, or the paper-prod or
 code-completion preset of 20,000 requests), the group's slots B (G = 8) and the load
-(saturated, or 1.1x capacity). For each, as docs/results.md's prior section ran it:
+(saturated, or 1.1x capacity). For each, as docs/results.md ("Every configuration") ran it:
 
 1. ``trace split`` at 0.5: the earlier half is the history, the later half is replayed;
 2. ``train`` on the history (survival, exactmatch and gbdt, ``--train-fraction 0.5``), with the

@@ -9,7 +9,7 @@
 # its own and a process's nice weighs only inside it. vLLM's engine and worker spin on
 # sched_yield between steps, and at group nice 0 a generating rank starved other sessions (the
 # test client, the other rank's API server) for the whole generation (docs/results.md,
-# "Conformance on a quiet machine: the ranks' scheduling group").
+# "Conformance against vLLM").
 set -euo pipefail
 VENV="$1"; MODEL="$2"; PORT="$3"; LOG="$4"; shift 4
 NICE="${CONFORMANCE_RANK_NICE:-10}"

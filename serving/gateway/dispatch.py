@@ -25,8 +25,8 @@ decided together and still join the next step. A trace's burst (requests with on
 other) and the finishes of one engine step are then decided together, as the simulator decides
 each iteration's arrivals; decided one by one, a burst's first requests go to the rank with the
 most free slots whatever they weigh (BR-H's first stage), which on Mooncake's long prompts cost
-BR-H most of its balance (docs/results.md, "Why BR-H's live imbalance on Mooncake was 4x the
-simulator's"). A held request still joins its rank at the next engine step if the hold is shorter
+BR-H most of its balance (docs/results.md, "Why bursts broke parity, and what the holds
+do"). A held request still joins its rank at the next engine step if the hold is shorter
 than what is left of the step; a group less than half full decides at once (at low load no
 request waits for a hold). The loop (:meth:`Dispatcher.run`) does only what the state asks
 for: a decision and a sample every tick while requests wait; while they only run, the group's

@@ -2,7 +2,7 @@
 
 A twin's replays are CPU-bound Python: in a thread of the gateway they hold its GIL for tens to
 hundreds of milliseconds a step and, on a loaded machine, stall its event loop for seconds
-(docs/results.md, "The live twin and the gateway's event loop"). Here they run in a child
+(docs/results.md, "The live twins and the event loop"). Here they run in a child
 process (:class:`TwinProcess`, started with ``forkserver``: the gateway has threads;
 :mod:`.child`) that holds the :class:`~balanceroute.router.lab.twin.live.TwinWorker`'s channels and jobs. The parent keeps the routing side's
 half: per channel a :class:`~balanceroute.router.lab.twin.feed.TwinFeed` (arrivals, finishes, drops appended to a

@@ -1,7 +1,7 @@
 """The decision hold (``--hold``): while the group is at least half full, a burst of arrivals and
 the finishes that come during the hold are decided together in one decision; into an emptier
-group, or with no hold, an arrival is decided at once (docs/results.md, "Why BR-H's live imbalance on Mooncake was
-4x the simulator's")."""
+group, or with no hold, an arrival is decided at once (docs/results.md, "Why bursts broke parity,
+and what the holds do")."""
 
 from __future__ import annotations
 

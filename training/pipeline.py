@@ -34,6 +34,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from balanceroute.features.constants import DEFAULT_HORIZON
@@ -54,6 +55,8 @@ from balanceroute.training.train import (
     twin_priors,
 )
 from balanceroute.training.twin_judge import PRIOR_WINDOWS, prior_configs, twin_verdict
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class Outcome(enum.Enum):
@@ -102,6 +105,8 @@ class PipelineConfig:
             raise UserError(f"holdout fraction must be in (0, 1), got {self.holdout_fraction}")
         if self.min_new_rows < 1:
             raise UserError(f"min new rows must be at least 1, got {self.min_new_rows}")
+        if not Path(self.log).exists():  # before any step: a typo is one line, exit 2
+            raise UserError(f"completion log '{Path(self.log).resolve()}' does not exist")
 
 
 @dataclass
@@ -251,21 +256,24 @@ def reload_all(targets: tuple[Target, ...], change: AliasChange) -> None:
 
 
 def run_loop(cfg: PipelineConfig, period_s: float, cycle=run_cycle) -> int:
-    """Run a cycle every ``period_s`` until SIGTERM or SIGINT (the running cycle finishes
+    """Run ``cycle`` every ``period_s`` until SIGTERM or SIGINT (the running cycle finishes
     first); a failed cycle is logged and the next one runs. Returns 0."""
     stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    while not stop.is_set():
-        start = time.monotonic()
-        try:
-            res = cycle(cfg)
-            progress(f"cycle done: {res.outcome.label} (exit code {res.outcome.exit_code})")
-        except UserError as exc:
-            progress(f"cycle failed (exit code {exc.exit_code}): {exc}")
-        wait = max(0.0, period_s - (time.monotonic() - start))
-        if not stop.is_set():
-            progress(f"next cycle in {wait:.0f}s")
-        stop.wait(wait)
+    before = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in STOP_SIGNALS}
+    try:
+        while not stop.is_set():
+            start = time.monotonic()
+            try:
+                res = cycle(cfg)
+                progress(f"cycle done: {res.outcome.label} (exit code {res.outcome.exit_code})")
+            except UserError as exc:
+                progress(f"cycle failed (exit code {exc.exit_code}): {exc}")
+            wait = max(0.0, period_s - (time.monotonic() - start))
+            if not stop.is_set():
+                progress(f"next cycle in {wait:.0f}s")
+            stop.wait(wait)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
     progress("stopped")
     return 0

@@ -5,7 +5,9 @@ target) moves no alias, with the step named and its exit code."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 from pathlib import Path
 
 import mlflow
@@ -17,6 +19,13 @@ from mlflow import MlflowClient
 from balanceroute.features.synthetic import generate
 from balanceroute.predict.live_quality import HOLDOUT_BRIER_TAG
 from balanceroute.training.log_window import WINDOW_END_TAG
+from balanceroute.training.pipeline import (
+    CycleResult,
+    Outcome,
+    PipelineConfig,
+    StepFailed,
+    run_loop,
+)
 from balanceroute.training.twin_judge import twin_verdict
 from tests.training.conftest import run_cli
 
@@ -120,3 +129,20 @@ def test_the_twin_judges_harm_only_when_a_weight_is_resolved_worse() -> None:
     assert harmful.harmful and "w = 1" in harmful.why
     with pytest.raises(Exception, match="2x8"):
         twin_verdict([_prior([0.0, 0.0, 0.0], [0.0, 0.0, 0.0])], 2, 8)
+
+
+def test_the_loop_survives_a_failed_cycle_and_stops_on_sigterm(tmp_path) -> None:
+    calls: list[int] = []
+
+    def cycle(cfg: PipelineConfig) -> CycleResult:
+        calls.append(1)
+        if len(calls) == 1:
+            raise StepFailed("pipeline step 'window' failed: unreadable")
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)  # finishes this cycle, then stops
+        return CycleResult(Outcome.NOTHING_TO_DO, "no new requests")
+
+    before = signal.getsignal(signal.SIGTERM)
+    cfg = PipelineConfig(log=str(write_log(tmp_path / "log", 100)))
+    assert run_loop(cfg, 0.01, cycle=cycle) == 0
+    assert len(calls) == 3 and signal.getsignal(signal.SIGTERM) is before

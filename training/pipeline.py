@@ -32,7 +32,7 @@ import enum
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,10 +69,12 @@ class Outcome(enum.Enum):
 
     @property
     def label(self) -> str:
+        """The outcome's name in the cycle's JSON answer."""
         return self.value[0]
 
     @property
     def exit_code(self) -> int:
+        """The process's exit code for this outcome."""
         return self.value[1]
 
 
@@ -118,6 +120,7 @@ class CycleResult:
     details: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
+        """The cycle's JSON answer."""
         return {"outcome": self.outcome.label, "exit_code": self.outcome.exit_code,
                 "why": self.why, **self.details}  # fmt: skip
 
@@ -255,7 +258,11 @@ def reload_all(targets: tuple[Target, ...], change: AliasChange) -> None:
         raise
 
 
-def run_loop(cfg: PipelineConfig, period_s: float, cycle=run_cycle) -> int:
+def run_loop(
+    cfg: PipelineConfig,
+    period_s: float,
+    cycle: Callable[[PipelineConfig], CycleResult] = run_cycle,
+) -> int:
     """Run ``cycle`` every ``period_s`` until SIGTERM or SIGINT (the running cycle finishes
     first); a failed cycle is logged and the next one runs. Returns 0."""
     stop = threading.Event()

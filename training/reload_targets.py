@@ -43,6 +43,7 @@ class Target:
 
     @property
     def name(self) -> str:
+        """``gateway URL`` or ``service URL``, for messages."""
         return f"{self.kind} {self.url}"
 
 

@@ -10,7 +10,7 @@ registers, promotes or not. Each cycle runs as its own ``balanceroute`` process 
 exit code and outcome, and the load average before and after (the machine is shared).
 
     .venv/bin/python benchmarks/perf/pipeline_cycle.py [--requests 20000] [--new 6000]
-        [--preset paper-prod] [--group 8x32]
+        [--preset paper-prod] [--group 8x32] [--twin-windows 16]
 """
 
 from __future__ import annotations
@@ -75,6 +75,7 @@ def main() -> None:
     p.add_argument("--new", type=int, default=6_000, help="requests after the champion's window")
     p.add_argument("--preset", default="paper-prod")
     p.add_argument("--group", default="8x32")
+    p.add_argument("--twin-windows", default="16", help="windows of the twin's prior (16)")
     a = p.parse_args()
     trace = generate(a.preset, a.requests, seed=0)
     old, new = trace.iloc[: a.requests - a.new], trace.iloc[a.requests - a.new :]
@@ -87,11 +88,12 @@ def main() -> None:
         write_part(log, new, 1)
         load_before = os.getloadavg()
         code, wall, answer = cycle(work, ["--log", str(log), "--window-rows", str(a.requests),
-                                          "--group", a.group])  # fmt: skip
+                                          "--group", a.group, "--twin-windows", a.twin_windows])  # fmt: skip
         load_after = os.getloadavg()
         uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     print(json.dumps({
         "requests": a.requests, "new_requests": a.new, "preset": a.preset, "group": a.group,
+        "twin_windows": a.twin_windows,
         "seed_cycle": {"exit_code": seed_code, "wall_s": round(seed_wall, 1)},
         "cycle": {"exit_code": code, "wall_s": round(wall, 1),
                   "outcome": answer.get("outcome"), "answer": answer},

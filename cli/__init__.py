@@ -34,6 +34,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "balanceroute.cli.train",
         "train, evaluate, track and register completion estimators",
     ),
+    "pipeline": (
+        "balanceroute.cli.pipeline",
+        "one learning cycle: completion log, candidates, judge, champion, reload",
+    ),
     "evaluate": (
         "balanceroute.cli.evaluate",
         "score estimators on the time-ordered holdout",

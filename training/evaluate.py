@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -191,8 +192,9 @@ def metrics_table(metrics: dict[str, dict[str, Any]]) -> str:
 
 
 def progress(message: str) -> None:
-    """One progress line on stderr."""
-    print(f"[balanceroute] {message}", file=sys.stderr, flush=True)
+    """One progress line on stderr, its UTC time first."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    print(f"{stamp} [balanceroute] {message}", file=sys.stderr, flush=True)
 
 
 def flat_metrics(metrics: dict[str, dict[str, Any]]) -> dict[str, float]:

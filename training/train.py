@@ -32,7 +32,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from balanceroute.features.causal import CausalConfig
 from balanceroute.features.constants import DEFAULT_HORIZON
 from balanceroute.features.errors import UserError
 from balanceroute.features.files import write_text
@@ -40,10 +39,10 @@ from balanceroute.features.keys import AUTO_KEY, check_key_source, resolve_key_s
 from balanceroute.features.workload import WorkloadSpec, load_workload
 from balanceroute.predict.base import CompletionEstimator, Fitting
 from balanceroute.predict.factory import EstimatorSpec, build_estimator
+from balanceroute.predict.live_quality import HOLDOUT_BRIER_TAG
 from balanceroute.predict.model_store import (
     DEFAULT_MODEL_NAME,
     error_line,
-    load_estimator,
     load_file,
     save_estimator,
     setup_mlflow,
@@ -52,6 +51,7 @@ from balanceroute.predict.model_store import (
 from balanceroute.predict.registry import estimator_class, estimator_names
 from balanceroute.router.lab.twin.prior import PriorConfig, TwinPrior, attach_priors
 from balanceroute.router.lab.twin.prior_measure import priors_for
+from balanceroute.training.champion import move_aliases, score_champion
 from balanceroute.training.crossfit import DEFAULT_PRIOR_FOLDS, fitted_folds, time_folds
 from balanceroute.training.evaluate import (
     evaluate_estimator,
@@ -59,7 +59,7 @@ from balanceroute.training.evaluate import (
     progress,
     write_report,
 )
-from balanceroute.training.holdout import Holdout, make_holdout, observe_training_part
+from balanceroute.training.holdout import Holdout, make_holdout
 from balanceroute.training.pyfunc import PIP_REQUIREMENTS, CompletionPyfunc, signature
 from balanceroute.training.tracking import (
     DEFAULT_ESTIMATORS,
@@ -125,77 +125,122 @@ def run_name() -> str:
     return time.strftime("train-%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
 
 
-def run_train(cfg: TrainConfig) -> dict[str, Any]:
-    """Train, evaluate, save locally, then log and register in MLflow; returns a summary."""
+def check_config(cfg: TrainConfig) -> tuple[str, ...]:
+    """Refuse a configuration ``train`` cannot run, before any input is read; returns the kinds."""
     kinds = check_estimators(cfg.estimators)
     if cfg.key != AUTO_KEY:
         check_key_source(cfg.key)
     if cfg.horizon < 1:
         raise UserError(f"horizon must be at least 1, got {cfg.horizon}")
-    frame, source = load_workload(cfg.workload)
-    progress(f"loaded {len(frame):,} requests ({source['kind']}, sha256 {source['sha256'][:12]})")
+    return kinds
+
+
+@dataclass
+class Trained:
+    """One run's estimators, fitted, scored on the holdout and saved locally (no MLflow yet)."""
+
+    name: str
+    out_dir: Path
+    holdout: Holdout
+    history: pd.DataFrame  # the whole input in arrival order: what the saved models fitted
+    key: str
+    metrics: dict[str, dict[str, Any]]
+    curves: dict[str, dict[str, list[float]]]
+    files: dict[str, Path]
+    params: dict[str, dict[str, Any]]
+    heads: dict[str, CompletionEstimator]  # as fitted on the training part, before evaluation
+    priors: dict[str, list[TwinPrior]] = field(default_factory=dict)
+
+
+def fit_candidates(cfg: TrainConfig, frame: pd.DataFrame) -> Trained:
+    """Fit every kind on the earlier ``train_fraction`` of ``frame``, score it on the rest,
+    then fit it on all of ``frame`` and save that model locally."""
+    kinds = check_config(cfg)
     holdout = make_holdout(frame, cfg.train_fraction, cfg.workload.seed)
     key = resolve_key_source(cfg.key, bool(frame["prompt_key"].notna().any()))
     name = run_name()
     out_dir = Path(cfg.out) if cfg.out else Path("artifacts") / "models" / name
     out_dir.mkdir(parents=True, exist_ok=True)
-    metrics: dict[str, dict[str, Any]] = {}
-    curves: dict[str, dict[str, list[float]]] = {}
-    files: dict[str, Path] = {}
-    params: dict[str, dict[str, Any]] = {}
     history = frame.sort_values("arrival_s", kind="stable").reset_index(drop=True)
-    heads: dict[str, CompletionEstimator] = {}  # as fitted, before evaluation teaches them
+    done = Trained(name, out_dir, holdout, history, key, {}, {}, {}, {}, {})
     for kind in kinds:
         t0 = time.perf_counter()
         progress(f"fitting {kind} on {len(holdout.train):,} requests (scored on the holdout)")
         est = build_estimator(estimator_spec(cfg, kind), history=holdout.train)
         fit_s = time.perf_counter() - t0
-        heads[kind] = copy.deepcopy(est)
-        params[kind] = est.params()
+        done.heads[kind] = copy.deepcopy(est)
+        done.params[kind] = est.params()
         progress(f"evaluating {kind} on {holdout.index.size:,} snapshots")
-        metrics[kind], curves[kind] = evaluate_estimator(est, holdout, cfg.horizon)
-        metrics[kind]["fit_seconds"] = fit_s
-        for k, v in getattr(est, "calibration_report_", {}).items():
-            metrics[kind][k] = v
+        m, done.curves[kind] = evaluate_estimator(est, holdout, cfg.horizon)
+        m["fit_seconds"] = fit_s
+        m.update(getattr(est, "calibration_report_", {}))
+        done.metrics[kind] = m
         progress(
-            f"{kind}: brier {metrics[kind]['brier']:.4f} auc {metrics[kind]['auc']:.4f} "
-            f"ece {metrics[kind]['ece']:.4f} ({fit_s:.1f}s fit)"
+            f"{kind}: brier {m['brier']:.4f} auc {m['auc']:.4f} "
+            f"ece {m['ece']:.4f} ({fit_s:.1f}s fit)"
         )
         progress(f"fitting {kind} on all {len(history):,} requests (the model registered)")
         full = build_estimator(estimator_spec(cfg, kind), history=history)
-        files[kind] = save_estimator(full, out_dir / f"{kind}.joblib")
-    priors = twin_priors(cfg, files, holdout, history, heads)
-    report = write_report(out_dir, metrics, curves)
+        done.files[kind] = save_estimator(full, out_dir / f"{kind}.joblib")
+    return done
+
+
+def save_local(
+    cfg: TrainConfig, done: Trained, source: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Path]]:
+    """The report (metrics, plots) and ``config.json`` (the run's summary) in the run's local
+    folder; returns the summary and the report's paths."""
+    report = write_report(done.out_dir, done.metrics, done.curves)
+    holdout = done.holdout
     summary: dict[str, Any] = {
-        "run_name": name,
-        "local_dir": str(out_dir.resolve()),
-        "key": key,
+        "run_name": done.name,
+        "local_dir": str(done.out_dir.resolve()),
+        "key": done.key,
         "n_train": holdout.first_test,
-        "n_registered": len(history),
+        "n_registered": len(done.history),
         "n_test": holdout.arrays.size - holdout.first_test,
         "source": source,
         "config": asdict(cfg),
-        "estimator_params": params,
-        "metrics": {k: {m: v for m, v in d.items() if m != "by_age"} for k, d in metrics.items()},
-        "twin_priors": {k: [p.as_dict() for p in ps] for k, ps in priors.items()},
+        "estimator_params": done.params,
+        "metrics": {
+            k: {m: v for m, v in d.items() if m != "by_age"} for k, d in done.metrics.items()
+        },
+        "twin_priors": {k: [p.as_dict() for p in ps] for k, ps in done.priors.items()},
     }
-    write_text(out_dir / "config.json", json.dumps(summary, indent=2, default=str) + "\n")
-    progress(f"artifacts saved locally in {out_dir.resolve()}")
+    write_text(done.out_dir / "config.json", json.dumps(summary, indent=2, default=str) + "\n")
+    progress(f"artifacts saved locally in {done.out_dir.resolve()}")
+    return summary, report
+
+
+def run_train(cfg: TrainConfig) -> dict[str, Any]:
+    """Train, evaluate, save locally, then log and register in MLflow; returns a summary."""
+    check_config(cfg)
+    frame, source = load_workload(cfg.workload)
+    progress(f"loaded {len(frame):,} requests ({source['kind']}, sha256 {source['sha256'][:12]})")
+    done = fit_candidates(cfg, frame)
+    done.priors = twin_priors(cfg, done.files, done.holdout, done.history, done.heads)
+    summary, report = save_local(cfg, done, source)
     try:
-        champion = score_champion(cfg, holdout)
-        summary["registry"] = log_to_mlflow(cfg, summary, files, report, metrics, out_dir, priors)
+        champion = score_champion(cfg, done.holdout)
+        summary["registry"] = log_to_mlflow(
+            cfg, summary, done.files, report, done.metrics, done.out_dir, done.priors
+        )
         summary["registry"].update(
-            move_aliases(cfg, summary["registry"]["versions"], metrics, champion)
+            move_aliases(cfg, summary["registry"]["versions"], done.metrics, champion)
         )
     except TrackingError:
         raise
     except Exception as exc:
-        msg = error_line(exc)
-        raise TrackingError(
-            f"tracking store {tracking_uri()} failed ({msg}); the trained artifacts are saved "
-            f"locally in {out_dir.resolve()}"
-        ) from None
+        raise tracking_failed(exc, done.out_dir) from None
     return summary
+
+
+def tracking_failed(exc: BaseException, out_dir: Path) -> TrackingError:
+    """The error a failed MLflow step raises: what failed, and where the local artifacts are."""
+    return TrackingError(
+        f"tracking store {tracking_uri()} failed ({error_line(exc)}); the trained artifacts "
+        f"are saved locally in {out_dir.resolve()}"
+    )
 
 
 def twin_priors(
@@ -276,6 +321,22 @@ def _params(cfg: TrainConfig, summary: dict[str, Any]) -> dict[str, Any]:
 PID_TAG, HOST_TAG = "balanceroute.pid", "balanceroute.host"
 
 
+def version_tags(
+    kind: str, metrics: dict[str, Any], priors: list[TwinPrior], lineage: dict[str, str]
+) -> dict[str, str]:
+    """A registered version's tags: its kind, its holdout Brier (rounded, ``val_brier``, and
+    exact, :data:`HOLDOUT_BRIER_TAG`: what the live drift gauge divides by), its twin priors
+    and the lineage of its input."""
+    tags = {
+        "kind": kind,
+        "val_brier": f"{metrics['brier']:.5f}",
+        HOLDOUT_BRIER_TAG: repr(float(metrics["brier"])),
+    }
+    for prior in priors:
+        tags.update(prior.tags())
+    return {**tags, **lineage}
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -312,10 +373,13 @@ def log_to_mlflow(
     metrics: dict[str, dict[str, Any]],
     out_dir: Path,
     priors: dict[str, list[TwinPrior]] | None = None,
+    lineage: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Log the run and register one model version per estimator (with its twin priors as an
-    artifact, metrics and version tags); returns versions and aliases."""
+    artifact, metrics and version tags; ``lineage`` as tags of the run and of every version);
+    returns versions and aliases."""
     priors = priors or {}
+    lineage = lineage or {}
     uri = setup_mlflow(cfg.experiment)
     import mlflow
     from mlflow import MlflowClient
@@ -332,6 +396,7 @@ def log_to_mlflow(
                 "trace_rows": summary["source"]["rows"],
                 PID_TAG: str(os.getpid()),
                 HOST_TAG: socket.gethostname(),
+                **lineage,
             }
         )
         mlflow.log_metrics({**flat_metrics(metrics), **prior_metrics(priors)})
@@ -351,13 +416,9 @@ def log_to_mlflow(
                 registered_model_name=cfg.register_as,
             )
             version = str(info.registered_model_version)
-            client.set_model_version_tag(cfg.register_as, version, "kind", kind)
-            client.set_model_version_tag(
-                cfg.register_as, version, "val_brier", f"{metrics[kind]['brier']:.5f}"
-            )
-            for prior in priors.get(kind, []):
-                for tag, value in prior.tags().items():
-                    client.set_model_version_tag(cfg.register_as, version, tag, value)
+            tags = version_tags(kind, metrics[kind], priors.get(kind, []), lineage)
+            for tag, value in tags.items():
+                client.set_model_version_tag(cfg.register_as, version, tag, value)
             versions[kind] = version
             progress(f"registered {cfg.register_as} version {version} ({kind})")
     return {
@@ -366,96 +427,4 @@ def log_to_mlflow(
         "model": cfg.register_as,
         "versions": versions,
         "brier": {k: float(np.round(metrics[k]["brier"], 6)) for k in versions},
-    }
-
-
-@dataclass(frozen=True, slots=True)
-class Champion:
-    """The registered champion, scored on this run's holdout (None fields: none to score)."""
-
-    version: str | None = None
-    kind: str | None = None
-    brier: float | None = None
-    note: str | None = None
-
-
-def score_champion(cfg: TrainConfig, holdout: Holdout) -> Champion:
-    """The current ``champion`` of ``cfg.register_as`` evaluated on ``holdout`` (read-only)."""
-    setup_mlflow(cfg.experiment)
-    from mlflow import MlflowClient
-    from mlflow.exceptions import MlflowException
-
-    try:
-        version = MlflowClient().get_model_version_by_alias(cfg.register_as, "champion")
-    except MlflowException:
-        return Champion(note="no champion yet")
-    try:
-        est = load_estimator(f"models:/{cfg.register_as}/{version.version}")
-    except UserError as exc:
-        return Champion(version.version, note=f"the champion cannot be loaded ({exc})")
-    if est.horizon != cfg.horizon:
-        return Champion(
-            version.version,
-            est.name,
-            note=f"the champion predicts {est.horizon} iterations ahead, this run {cfg.horizon}",
-        )
-    progress(f"scoring champion version {version.version} ({est.name}) on this holdout")
-    if est.learns_online:  # fitted on other data: let it see this run's training part first
-        observe_training_part(est, holdout, CausalConfig())
-    scored, _ = evaluate_estimator(est, holdout, cfg.horizon)
-    return Champion(version.version, est.name, float(scored["brier"]))
-
-
-def promotion(
-    metrics: dict[str, dict[str, Any]], champion: Champion, promote: bool
-) -> tuple[str, bool, str]:
-    """``(candidate kind, promoted, why)``: the run's best estimator by validation Brier, and
-    whether it replaces the champion (it must beat it on the same holdout, or ``promote``)."""
-    candidate = min(metrics, key=lambda k: metrics[k]["brier"])
-    mine = metrics[candidate]["brier"]
-    if promote:
-        return candidate, True, "--promote"
-    if champion.version is None:
-        return candidate, True, champion.note or "no champion yet"
-    if champion.brier is None:
-        return candidate, False, f"{champion.note}: use --promote to replace it"
-    if mine < champion.brier:
-        why = f"brier {mine:.4f} beats the champion's {champion.brier:.4f} on this holdout"
-        return candidate, True, why
-    why = f"brier {mine:.4f} does not beat the champion's {champion.brier:.4f} on this holdout"
-    return candidate, False, why
-
-
-def move_aliases(
-    cfg: TrainConfig,
-    versions: dict[str, str],
-    metrics: dict[str, dict[str, Any]],
-    champion: Champion,
-) -> dict[str, Any]:
-    """After a successful run: each kind's alias, then ``challenger``, then (if promoted)
-    ``champion``, in one short step. Returns what moved and why."""
-    from mlflow import MlflowClient
-
-    client = MlflowClient()
-    candidate, promoted, why = promotion(metrics, champion, cfg.promote)
-    ranked = sorted(versions, key=lambda k: metrics[k]["brier"])
-    aliases = {kind: versions[kind] for kind in versions}
-    if promoted and len(ranked) > 1:
-        aliases["challenger"] = versions[ranked[1]]
-    elif not promoted:
-        aliases["challenger"] = versions[candidate]
-    if promoted:
-        aliases["champion"] = versions[candidate]
-    for alias, version in aliases.items():
-        client.set_registered_model_alias(cfg.register_as, alias, version)
-    verb = "is the new champion" if promoted else "stays challenger; champion unchanged"
-    progress(f"{candidate} {verb} ({why})")
-    return {
-        "aliases": aliases,
-        "candidate": candidate,
-        "promoted": promoted,
-        "promotion": why,
-        "champion": candidate if promoted else champion.kind,
-        "champion_version": versions[candidate] if promoted else champion.version,
-        "champion_brier_on_holdout": champion.brier,
     }

@@ -120,6 +120,10 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     ),
     "serve host": (["serve", "--model-uri", "TRACE", "--host", "300.1.1.1"], ["300.1.1.1"]),
     "serve port": (["serve", "--model-uri", "TRACE", "--port", "70000"], ["port"]),
+    "pipeline no log": (["pipeline", "--log", "missing-log"], ["missing-log"]),
+    "pipeline window": (["pipeline", "--log", "TRACE", "--window-rows", "0"], ["--window-rows"]),
+    "pipeline gateway url": (["pipeline", "--log", "TRACE", "--gateway", "notaurl"], ["notaurl"]),
+    "pipeline loop": (["pipeline", "--log", "TRACE", "--loop", "soon"], ["--loop"]),
     # the live test bed
     "emulate ranks 0": (["emulate", "--ranks", "0"], ["--ranks", "at least 1"]),
     "emulate time-scale nan": (["emulate", "--time-scale", "nan"], ["--time-scale", "finite"]),

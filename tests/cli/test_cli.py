@@ -14,6 +14,7 @@ MINIMAL = {
     "ab": ["ab", "--arms", "count-jsq", "--out", "o"],
     "solve-step": ["solve-step", "--state", "s.json"],
     "train": ["train"],
+    "pipeline": ["pipeline", "--log", "completions"],
     "evaluate": ["evaluate", "--estimator", "gbdt", "--out", "o"],
     "serve": ["serve"],
     "emulate": ["emulate"],

@@ -11,13 +11,8 @@ import sys
 import mlflow
 from mlflow import MlflowClient
 
-from balanceroute.training.train import (
-    HOST_TAG,
-    PID_TAG,
-    Champion,
-    close_orphaned_runs,
-    promotion,
-)
+from balanceroute.training.champion import Champion, promotion
+from balanceroute.training.train import HOST_TAG, PID_TAG, close_orphaned_runs
 from tests.training.conftest import run_cli
 
 MODEL = "completion-predictor"

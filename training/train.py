@@ -56,6 +56,7 @@ from balanceroute.training.evaluate import (
     evaluate_estimator,
     flat_metrics,
     progress,
+    unseen_holdout,
     write_report,
 )
 from balanceroute.training.holdout import Holdout, make_holdout, observe_training_part
@@ -399,8 +400,10 @@ def score_champion(cfg: TrainConfig, holdout: Holdout) -> Champion:
             note=f"the champion predicts {est.horizon} iterations ahead, this run {cfg.horizon}",
         )
     progress(f"scoring champion version {version.version} ({est.name}) on this holdout")
-    if est.learns_online:  # fitted on other data: let it see this run's training part first
+    fresh = unseen_holdout(est, holdout)  # refitted on the training part if it saw the holdout
+    if fresh is est and est.learns_online:  # fitted on other data: let it see the training part
         observe_training_part(est, holdout, CausalConfig())
+    est = fresh
     scored, _ = evaluate_estimator(est, holdout, cfg.horizon)
     return Champion(version.version, est.name, float(scored["brier"]))
 

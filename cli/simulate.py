@@ -52,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--estimator",
         help="completion estimator of brh: none (default), oracle, noisy-oracle, posterior, "
-        "survival, exactmatch, gbdt, hazard",
+        "survival, exactmatch, gbdt, hazard, histogram (AIBrix), osl-hint (Dynamo)",
     )
     add_alias(p, "--predictor", "--estimator", "estimator")
     p.add_argument(

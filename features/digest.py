@@ -40,3 +40,19 @@ def frame_sha256(trace: pd.DataFrame) -> str:
         text = trace[column].astype("str").fillna("\x00")
         digest.update("\x1f".join(text.tolist()).encode())
     return digest.hexdigest()
+
+
+def request_fingerprints(trace: pd.DataFrame) -> np.ndarray:
+    """Sorted unique uint64 hashes of each request's ``(arrival_s, prompt_tokens,
+    output_tokens)``: what a model fitted on ``trace`` has seen, compact enough to keep with it
+    (8 bytes a request), so a later evaluation can tell whether its test requests were among
+    them."""
+    cols = trace[["arrival_s", "prompt_tokens", "output_tokens"]]
+    return np.unique(pd.util.hash_pandas_object(cols, index=False).to_numpy(dtype=np.uint64))
+
+
+def seen_requests(fingerprints: np.ndarray | None, trace: pd.DataFrame) -> int:
+    """How many of ``trace``'s requests are among ``fingerprints`` (0 when there are none)."""
+    if fingerprints is None or len(trace) == 0:
+        return 0
+    return int(np.isin(request_fingerprints(trace), fingerprints, assume_unique=True).sum())

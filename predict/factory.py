@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from balanceroute.features.digest import request_fingerprints
 from balanceroute.features.errors import UserError
 from balanceroute.predict.base import CompletionEstimator, Fitting
 from balanceroute.predict.model_store import load_estimator
@@ -82,4 +83,8 @@ def build_estimator(
             else "the replayed requests"
         )
         raise UserError(f"estimator '{spec.kind}' needs {needs}")
-    return est.fit(data)
+    est.fit(data)
+    if est.fitting is Fitting.HISTORY:
+        # what it has seen, so that an evaluation never scores it on its own training requests
+        est.fitted_requests_ = request_fingerprints(data)
+    return est

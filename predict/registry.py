@@ -9,9 +9,11 @@ from balanceroute.predict.base import CompletionEstimator
 from balanceroute.predict.exactmatch import ExactMatchEstimator
 from balanceroute.predict.gbdt import GBDTEstimator
 from balanceroute.predict.hazard import HazardEstimator
+from balanceroute.predict.histogram import HistogramEstimator
 from balanceroute.predict.no_prediction import NoPrediction
 from balanceroute.predict.noisy_oracle import NoisyOracleEstimator
 from balanceroute.predict.oracle import OracleEstimator
+from balanceroute.predict.osl_hint import OslHintEstimator
 from balanceroute.predict.posterior import PosteriorEstimator
 from balanceroute.predict.survival import SurvivalEstimator
 
@@ -26,6 +28,8 @@ ESTIMATORS: dict[str, type[CompletionEstimator]] = {
         ExactMatchEstimator,
         GBDTEstimator,
         HazardEstimator,
+        HistogramEstimator,
+        OslHintEstimator,
     )
 }
 

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from balanceroute.features.causal import CausalConfig
 from balanceroute.features.errors import UserError
 from balanceroute.predict.model_store import load_estimator, setup_mlflow
-from balanceroute.training.evaluate import evaluate_estimator, progress
+from balanceroute.training.evaluate import evaluate_estimator, progress, unseen_holdout
 from balanceroute.training.holdout import Holdout, observe_training_part
 
 
@@ -58,9 +58,10 @@ def score_champion(cfg: RegistryConfig, holdout: Holdout) -> Champion:
             note=f"the champion predicts {est.horizon} iterations ahead, this run {cfg.horizon}",
         )
     progress(f"scoring champion version {version.version} ({est.name}) on this holdout")
-    if est.learns_online:  # fitted on other data: let it see this run's training part first
+    fresh = unseen_holdout(est, holdout)  # refitted on the training part if it saw the holdout
+    if fresh is est and est.learns_online:  # fitted on other data: let it see the training part
         observe_training_part(est, holdout, CausalConfig())
-    scored, _ = evaluate_estimator(est, holdout, cfg.horizon)
+    scored, _ = evaluate_estimator(fresh, holdout, cfg.horizon)
     return Champion(version.version, est.name, float(scored["brier"]))
 
 

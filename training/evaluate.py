@@ -23,13 +23,16 @@ import numpy as np
 
 from balanceroute.features.causal import CausalConfig
 from balanceroute.features.constants import DEFAULT_HORIZON
+from balanceroute.features.digest import seen_requests
 from balanceroute.features.errors import UserError
 from balanceroute.features.files import write_text
 from balanceroute.features.keys import AUTO_KEY
 from balanceroute.features.workload import WorkloadSpec, load_workload
 from balanceroute.predict.base import CompletionEstimator
+from balanceroute.predict.factory import EstimatorSpec, build_estimator
 from balanceroute.predict.model_store import DEFAULT_MODEL_NAME, load_estimator
 from balanceroute.predict.no_prediction import NoPrediction
+from balanceroute.router.lab.twin_prior import PRIOR_ATTRIBUTE
 from balanceroute.training.decision import curve_scores, router_gamma
 from balanceroute.training.holdout import Holdout, make_holdout, observe_training_part
 from balanceroute.training.metrics import reliability, score, score_by_age
@@ -73,6 +76,7 @@ def run_evaluate(cfg: EvaluateConfig) -> tuple[dict[str, dict[str, Any]], Recomm
     frame, source = load_workload(cfg.workload)
     progress(f"loaded {len(frame):,} requests ({source['kind']}, sha256 {source['sha256'][:12]})")
     holdout = make_holdout(frame, seed=cfg.workload.seed)
+    estimators = {kind: unseen_holdout(est, holdout) for kind, est in estimators.items()}
     if cfg.warmup:
         for est in estimators.values():
             observe_training_part(est, holdout, CausalConfig())
@@ -81,6 +85,31 @@ def run_evaluate(cfg: EvaluateConfig) -> tuple[dict[str, dict[str, Any]], Recomm
     paths = write_report(cfg.out, metrics, curves, rec)
     progress(f"wrote {paths['metrics']}")
     return {kind: m for kind, m in metrics.items() if kind != REFERENCE}, rec
+
+
+def unseen_holdout(estimator: CompletionEstimator, holdout: Holdout) -> CompletionEstimator:
+    """``estimator`` if it never saw the holdout's requests, else a copy of it (same kind and
+    parameters, twin prior kept) fitted on the holdout's training part only.
+
+    ``train`` registers models fitted on the whole trace, so evaluating one on the same trace's
+    holdout would score it on requests it was fitted on: its boosters trained on them and, worse,
+    its feature history already holds their outcomes, and the replay observes them once more.
+    A request's own output length then sits in its key's history when it is predicted (on
+    Mooncake's prefix-hash keys, a few requests each, that dominates the key's statistics), which
+    lifts AUC and breaks calibration (docs/results.md, "Calibration that holds")."""
+    seen = seen_requests(getattr(estimator, "fitted_requests_", None), holdout.test)
+    if not seen:
+        return estimator
+    progress(
+        f"the {estimator.name} model was fitted on {seen:,} of the holdout's "
+        f"{len(holdout.test):,} requests: scoring a copy fitted on the {len(holdout.train):,} "
+        "earlier ones with its parameters"
+    )
+    spec = EstimatorSpec(estimator.name, params=estimator.params())
+    honest = build_estimator(spec, history=holdout.train)
+    if hasattr(estimator, PRIOR_ATTRIBUTE):
+        setattr(honest, PRIOR_ATTRIBUTE, getattr(estimator, PRIOR_ATTRIBUTE))
+    return honest
 
 
 def score_estimators(

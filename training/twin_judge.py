@@ -1,6 +1,6 @@
 """The twin's say in promotion: is a candidate harmful to the group it would route?
 
-The twin's prior (``router/lab/twin_prior.py``, measured by ``train`` on requests the candidate's
+The twin's prior (``router/lab/twin/prior.py``, measured by ``train`` on requests the candidate's
 copies never saw) replays BR-H with the candidate blended in at each weight ``w`` against
 ``w = 0`` (no prediction) on the group's shape. The candidate is **harmful** when the paired test
 resolves some weight as worse than no prediction: its mean log ratio minus two standard errors
@@ -21,7 +21,7 @@ from balanceroute.features.errors import UserError
 from balanceroute.router.lab.twin.prior import DEFAULT_PRIOR_WINDOWS, PriorConfig, TwinPrior
 
 PRIOR_WINDOWS = DEFAULT_PRIOR_WINDOWS  # windows a prior replays unless told
-Z = 2.0  # the twin's one-sided bound, m + 2 se (router/lab/twin_prior.py, PRIOR_LEVEL)
+Z = 2.0  # the twin's one-sided bound, m + 2 se (router/lab/twin/prior.py, PRIOR_LEVEL)
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ class StepLog:
         self.path = os.path.join(folder, f"steps-dp{rank}-{os.getpid()}.csv")
         self.rank = rank
         self.passes = 0
-        self.file = open(self.path, "a", buffering=1, encoding="ascii")  # noqa: SIM115
+        self.file = open(self.path, "a", buffering=1, encoding="ascii")
         self.file.write(",".join(COLUMNS) + "\n")
 
     def write(self, kind: str, start: float, end: float, stats: tuple, new_tokens: int,

@@ -32,7 +32,7 @@ from balanceroute.predict.base import CompletionEstimator
 from balanceroute.predict.factory import EstimatorSpec, build_estimator
 from balanceroute.predict.model_store import DEFAULT_MODEL_NAME, load_estimator
 from balanceroute.predict.no_prediction import NoPrediction
-from balanceroute.router.lab.twin_prior import PRIOR_ATTRIBUTE
+from balanceroute.router.lab.twin.prior import PRIOR_ATTRIBUTE
 from balanceroute.training.decision import curve_scores, router_gamma
 from balanceroute.training.holdout import Holdout, make_holdout, observe_training_part
 from balanceroute.training.metrics import reliability, score, score_by_age

@@ -55,6 +55,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "balanceroute.cli.gateway",
         "BalanceRoute live: an OpenAI-compatible gateway in front of the decode ranks",
     ),
+    "real-group": (
+        "balanceroute.cli.real_group",
+        "A/B the routers through the gateway on a running lockstep vLLM group",
+    ),
 }
 
 

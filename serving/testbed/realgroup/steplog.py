@@ -12,6 +12,7 @@ the barrier, tokens per second and makespan.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from balanceroute.features.errors import UserError
+from balanceroute.serving.testbed.emulator.iterlog import rank_matrix, read_log
 
 COLUMNS = ("rank", "pass", "kind", "start_s", "end_s", "scheduled_tokens", "prefill_tokens",
            "decode_requests", "running", "waiting", "kv_tokens", "new_tokens", "comm_s")  # fmt: skip
@@ -48,16 +50,45 @@ def read_rank_logs(folder: Path) -> dict[int, pd.DataFrame]:
     return logs
 
 
+def emulator_passes(folder: Path) -> list[pd.DataFrame]:
+    """The emulator's iteration log as the plugin's passes, one frame per rank (a rank with
+    nothing running takes a dummy pass; the tokens all count on rank 0), so the same figures
+    measure the emulator and the engine."""
+    iterations, _ = read_log(folder)
+    epoch = float(json.loads((Path(folder) / "config.json").read_text())["epoch"])
+    loads, running = rank_matrix(iterations, "loads"), rank_matrix(iterations, "running")
+    frames = []
+    for g in range(loads.shape[1]):
+        frames.append(pd.DataFrame({
+            "rank": g, "pass": np.arange(len(iterations)),
+            "kind": np.where(running[:, g] > 0, "real", "dummy"),
+            "start_s": iterations["start_s"].to_numpy(float) + epoch,
+            "end_s": iterations["end_s"].to_numpy(float) + epoch,
+            "scheduled_tokens": running[:, g], "prefill_tokens": 0,
+            "decode_requests": running[:, g], "running": running[:, g], "waiting": 0,
+            "kv_tokens": loads[:, g],
+            "new_tokens": iterations["emitted"].to_numpy() if g == 0 else 0,
+            "comm_s": np.nan}))  # fmt: skip
+    return frames
+
+
 def read_steps(folder: Path) -> pd.DataFrame:
     """The group's steps: one row per (step, rank), the ranks' passes joined on their index,
-    with the group's step end (the last rank's) and its duration since the previous step."""
-    logs = read_rank_logs(folder)
-    n = min(len(f) for f in logs.values())
-    frames = [f.iloc[:n].assign(step=np.arange(n)) for f in logs.values()]
+    with the group's step end (the last rank's) and its duration (from the previous step's end,
+    or from the step's first start when the group sat idle in between). ``folder`` holds the
+    plugin's step logs, or is an emulator's ``--log-dir``."""
+    if (Path(folder) / "iterations").is_dir():
+        frames = emulator_passes(folder)
+    else:
+        logs = read_rank_logs(folder)
+        n = min(len(f) for f in logs.values())
+        frames = [f.iloc[:n].assign(step=np.arange(n)) for f in logs.values()]
+    frames = [f.assign(step=f["pass"].to_numpy()) if "step" not in f else f for f in frames]
     steps = pd.concat(frames, ignore_index=True).sort_values(["step", "rank"], kind="stable")
     ends = steps.groupby("step")["end_s"].max()
     starts = steps.groupby("step")["start_s"].min()
-    duration = ends.diff().fillna(ends - starts)
+    # a step lasts from the previous step's end, or from its own start after an idle gap
+    duration = ends - np.maximum(ends.shift(1).fillna(-np.inf), starts)
     steps["group_end_s"] = steps["step"].map(ends)
     steps["duration_s"] = steps["step"].map(duration)
     return steps.reset_index(drop=True)
@@ -82,8 +113,9 @@ class Lockstep:
 def lockstep(folder: Path) -> Lockstep:
     """Check the join :func:`read_steps` makes: every rank ran as many passes, and pass ``k``
     of every rank ended within one median step of the others'."""
-    logs = read_rank_logs(folder)
     steps = read_steps(folder)
+    emulated = (Path(folder) / "iterations").is_dir()
+    logs = {g: f for g, f in steps.groupby("rank")} if emulated else read_rank_logs(folder)
     spread = steps.groupby("step")["end_s"].agg(lambda e: e.max() - e.min())
     durations = steps.drop_duplicates("step")["duration_s"]
     return Lockstep(
@@ -95,20 +127,41 @@ def lockstep(folder: Path) -> Lockstep:
 
 @dataclass(frozen=True, slots=True)
 class RunFigures:
-    """What the engine says about one run: its steps between ``start`` and ``end``."""
+    """What the engine says about one run: its steps between ``start`` and ``end``, and the
+    saturated part of them (up to the last step that prefilled, the last admission: while the
+    gateway's pool still held requests, the paper's "iterations with a non-empty pool")."""
 
     steps: int
     imbalance_tokens: float  # step-weighted mean of G max_g L_g - sum_g L_g
     mean_kv_tokens: float  # step-weighted mean of sum_g L_g / G
-    barrier_wait_s: float  # per step and rank: collective time beyond the group's fastest
+    idle_share: float  # share of rank-time spent in dummy passes while another rank worked
     step_s: float  # mean group step
     prefill_steps: int  # steps in which some rank computed prompt tokens
+    prefill_share: float  # share of the run's time in steps that prefilled
     tokens: int  # output tokens sampled
     makespan_s: float  # first pass start to last pass end
     throughput_tok_s: float
+    saturated_steps: int
+    saturated_imbalance_tokens: float
+    saturated_step_s: float
+    saturated_throughput_tok_s: float
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def _per_step(window: pd.DataFrame) -> pd.DataFrame:
+    """One row per step: duration, imbalance, mean load, tokens, dummy ranks, prefill tokens."""
+    kv = window.pivot(index="step", columns="rank", values="kv_tokens").fillna(0.0)
+    by = window.groupby("step")
+    return pd.DataFrame({
+        "duration_s": by["duration_s"].first(),
+        "imbalance": kv.shape[1] * kv.max(axis=1) - kv.sum(axis=1),
+        "mean_kv": kv.mean(axis=1),
+        "tokens": by["new_tokens"].sum(),
+        "dummy": (window["kind"] == "dummy").groupby(window["step"]).sum(),
+        "prefill": by["prefill_tokens"].max(),
+    })  # fmt: skip
 
 
 def measure(steps: pd.DataFrame, start: float, end: float) -> RunFigures:
@@ -119,23 +172,27 @@ def measure(steps: pd.DataFrame, start: float, end: float) -> RunFigures:
     if window.empty:
         raise UserError(f"no engine steps between {start:.3f} and {end:.3f}: did the run reach "
                         "the group?")  # fmt: skip
-    kv = window.pivot(index="step", columns="rank", values="kv_tokens").fillna(0.0)
-    g = kv.shape[1]
-    imbalance = g * kv.max(axis=1) - kv.sum(axis=1)
-    comm = window.pivot(index="step", columns="rank", values="comm_s")
-    wait = (comm.sub(comm.min(axis=1), axis=0)).mean(axis=1) if comm.notna().all().all() else None
-    per_step = window.drop_duplicates("step")
-    prefill = window.groupby("step")["prefill_tokens"].max()
+    g = window["rank"].nunique()
+    table = _per_step(window)
+    prefilled = table.index[table["prefill"] > 0]
+    full = table.loc[: prefilled[-1]] if len(prefilled) else table.iloc[:0]
     makespan = float(window["end_s"].max() - window["start_s"].min())
-    tokens = int(window["new_tokens"].sum())
+    tokens = int(table["tokens"].sum())
+    busy = float(table["duration_s"].sum())
+    full_s = float(full["duration_s"].sum())
     return RunFigures(
-        steps=int(kv.shape[0]),
-        imbalance_tokens=float(imbalance.mean()),
-        mean_kv_tokens=float(kv.mean(axis=1).mean()),
-        barrier_wait_s=float(wait.mean()) if wait is not None else math.nan,
-        step_s=float(per_step["duration_s"].mean()),
-        prefill_steps=int((prefill > 0).sum()),
+        steps=len(table),
+        imbalance_tokens=float(table["imbalance"].mean()),
+        mean_kv_tokens=float(table["mean_kv"].mean()),
+        idle_share=float((table["duration_s"] * table["dummy"]).sum() / (g * busy)),
+        step_s=busy / len(table),
+        prefill_steps=len(prefilled),
+        prefill_share=float(table.loc[prefilled, "duration_s"].sum() / busy),
         tokens=tokens,
         makespan_s=makespan,
         throughput_tok_s=tokens / makespan if makespan > 0 else math.nan,
+        saturated_steps=len(full),
+        saturated_imbalance_tokens=float(full["imbalance"].mean()) if len(full) else math.nan,
+        saturated_step_s=full_s / len(full) if len(full) else math.nan,
+        saturated_throughput_tok_s=float(full["tokens"].sum()) / full_s if full_s else math.nan,
     )

@@ -19,6 +19,7 @@ SERVER_ARMS = ("survival", "exactmatch")
 EXAMPLES = 30
 
 
+@pytest.mark.slow  # 30-50 s of generated requests; test_fuzz.py keeps a shorter search
 def test_no_generated_request_gets_a_server_error(module_server: Server) -> None:
     schema = schemathesis.openapi.from_url(f"{module_server.url}/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]

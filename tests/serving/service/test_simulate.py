@@ -57,6 +57,7 @@ def test_simulate_through_the_service_matches_the_in_process_run(
     assert remote["iterations"] == local["iterations"]
 
 
+@pytest.mark.slow  # 45-80 s; the fallback on a dead service: test_hardening
 def test_killing_the_service_mid_run_falls_back_and_serves_every_request(
     start_server, model_dir: Path
 ) -> None:

@@ -1,0 +1,153 @@
+"""``balanceroute real-group``: the routers A/B'd on a running lockstep vLLM group."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from balanceroute.cli.options import positive_float, positive_int
+from balanceroute.features.constants import DEFAULT_HORIZON
+from balanceroute.features.loaders import load_trace
+from balanceroute.predict.factory import EstimatorSpec, build_estimator
+from balanceroute.predict.model_store import save_estimator
+from balanceroute.router.lab.cost import CostModel, cost_preset
+from balanceroute.router.lab.prefill import PrefillConfig
+from balanceroute.router.lab.replay_spec import ReplaySpec
+from balanceroute.router.lab.runner import replay
+from balanceroute.router.policies.specs import RouterSpec
+from balanceroute.serving.testbed.realgroup.ab import (
+    DEFAULT_ARMS,
+    GroupSpec,
+    RealAb,
+    attach_engine,
+    engine_info,
+    engine_ready,
+    group_lockstep,
+    run_study,
+    summarize,
+)
+from balanceroute.serving.testbed.realgroup.steplog import read_steps
+from balanceroute.serving.testbed.realgroup.workload import SliceSpec, write_slices
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the ``real-group`` subcommand."""
+    p = sub.add_parser(
+        "real-group",
+        help="A/B the routers through the gateway on a running lockstep vLLM group",
+        description="Every arm serves the same slices of a trace (prompts scaled to the "
+        "engine's context, all arriving at once) through its own gateway in front of a "
+        "data-parallel MoE vLLM server started with the balanceroute-vllm plugin and "
+        "BALANCEROUTE_STEP_LOG; the engine's figures come from its step logs. Prints one JSON "
+        "object as its last line: each arm's paired ratios to the first arm, with 95%% "
+        "intervals over the repeats. scripts/real_group.sh starts the engine and runs this.",
+    )
+    p.add_argument("--engine", required=True, help="the vLLM server's base URL")
+    p.add_argument("--ranks", type=positive_int, required=True, help="G: data-parallel size")
+    p.add_argument("--slots", type=positive_int, required=True, help="B: --max-num-seqs")
+    p.add_argument("--step-log", type=Path, required=True, help="BALANCEROUTE_STEP_LOG folder")
+    p.add_argument("--trace", required=True, help="trace file the slices come from")
+    p.add_argument("--arms", default=",".join(DEFAULT_ARMS),
+                   help="router specs, the reference first (default %(default)s)")  # fmt: skip
+    p.add_argument("--repeats", type=positive_int, default=5, help="paired repeats (5)")
+    p.add_argument("--requests", type=positive_int, default=32, help="requests per repeat (32)")
+    p.add_argument("--skip", type=int, default=2000,
+                   help="trace requests before the first slice, the learned arm's training "
+                   "history (2000)")  # fmt: skip
+    p.add_argument("--learned", default="gbdt",
+                   help="estimator fitted on the skipped requests for a brh:KIND arm; 'none' "
+                   "for no learned arm (gbdt)")  # fmt: skip
+    p.add_argument("--prompt-scale", type=positive_float, default=0.25,
+                   help="prompt lengths x this (0.25)")  # fmt: skip
+    p.add_argument("--output-scale", type=positive_float, default=0.5,
+                   help="output lengths x this (0.5: a repeat's runs in about 20 s each on CPU)")  # fmt: skip
+    p.add_argument("--max-model-len", type=positive_int, default=8192, help="engine context")
+    p.add_argument("--model", help="model name (default: the first /v1/models lists)")
+    p.add_argument("--gateway-flag", action="append", default=[], dest="gateway_flags",
+                   help="extra gateway flag, repeatable (e.g. --gateway-flag=--tick=5ms)")  # fmt: skip
+    p.add_argument("--sim-cost", default="paper-dsv3",
+                   help="cost model of the simulator's replay of the same study")  # fmt: skip
+    p.add_argument("--seed", type=int, default=0, help="seed of the arm orders (0)")
+    p.add_argument("--out", type=Path, required=True, help="output folder")
+    p.set_defaults(func=run)
+
+
+def fit_learned(kind: str, out: Path) -> Path:
+    """The learned arm's estimator fitted on the slices' history, saved beside them."""
+    history = load_trace(out / "slices" / "history.csv")
+    estimator = build_estimator(EstimatorSpec.parse(kind), history=history, horizon=DEFAULT_HORIZON)
+    return save_estimator(estimator, out / f"model-{kind}.joblib")
+
+
+def simulated(slices: list[Path], arms: tuple[str, ...], ranks: int, slots: int,
+              cost: CostModel) -> list[dict]:  # fmt: skip
+    """The same study replayed on the simulator with ``cost``: each run's imbalance (the same
+    step-weighted ``G max - sum``) and throughput, shaped like the real records."""
+    records = []
+    for r, path in enumerate(slices):
+        frame = load_trace(path)
+        for arm in arms:
+            router = RouterSpec.parse(arm)
+            spec = ReplaySpec(router=router, workers=ranks, slots=slots, cost=cost,
+                              prefill=PrefillConfig(saturate=True))  # fmt: skip
+            estimator = None
+            if router.estimator is not None:
+                estimator = build_estimator(router.estimator, replay=frame,
+                                            horizon=DEFAULT_HORIZON)  # fmt: skip
+            result, _ = replay(frame, spec, estimator=estimator)
+            tokens = float(result.output_tokens.sum())
+            records.append({"arm": arm, "repeat": r, "engine": {
+                "imbalance_tokens": float(result.imbalance.mean()),
+                "throughput_tok_s": tokens / float(result.t_start[-1])}})  # fmt: skip
+    return records
+
+
+def run(args: argparse.Namespace) -> int:
+    """Write the slices, run every arm on each, print the paired ratios."""
+    engine_ready(args.engine)
+    spec = SliceSpec(trace=args.trace, repeats=args.repeats, requests=args.requests,
+                     prompt_scale=args.prompt_scale, output_scale=args.output_scale,
+                     max_model_len=args.max_model_len,
+                     skip=args.skip)  # fmt: skip
+    slices = write_slices(spec, args.out / "slices")
+    arms = tuple(a.strip() for a in args.arms.split(",") if a.strip())
+    if args.learned != "none" and args.skip > 0:
+        arms = (*arms, f"brh:{args.learned}@{fit_learned(args.learned, args.out)}")
+    group = GroupSpec(url=args.engine, ranks=args.ranks, slots=args.slots,
+                      step_log=args.step_log, model=args.model)  # fmt: skip
+    study = RealAb(group=group, slices=tuple(slices), out=args.out, arms=arms, seed=args.seed,
+                   gateway_flags=tuple(args.gateway_flags))  # fmt: skip
+    records = run_study(study, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    steps = read_steps(args.step_log)
+    attach_engine(records, steps, study.idle_s)
+    (args.out / "records.json").write_text(json.dumps(records, indent=1))
+    table = summarize(records, arms)
+    cost = cost_preset(args.sim_cost)
+    sim = summarize(simulated(slices, arms, args.ranks, args.slots, cost), arms, client=False)
+    check = group_lockstep(args.step_log)
+    detail = {"reference": arms[0], "ratios": table, "simulated": sim,
+              "simulated_cost": cost.as_dict(), "lockstep": check}  # fmt: skip
+    (args.out / "summary.json").write_text(json.dumps(detail, indent=1))
+    info = engine_info(args.engine, args.ranks, args.slots)
+    print(json.dumps(headline(info, table, sim, check["holds"])))
+    return 0
+
+
+def _interval(ratio: dict | None) -> dict | None:
+    """A paired ratio as the headline writes it (None below two repeats)."""
+    if ratio is None:
+        return None
+    return {"mean": ratio["ratio"], "low": ratio["low"], "high": ratio["high"]}
+
+
+def headline(engine: dict, table: dict, sim: dict, holds: bool) -> dict:
+    """The one-line result: each arm's engine imbalance and throughput ratios to the reference,
+    and the simulator's imbalance ratio for the same slices."""
+    arms = {arm: {"imbalance_ratio": _interval(row["engine.imbalance_tokens"]),
+                  "throughput_ratio": _interval(row["engine.throughput_tok_s"]),
+                  "client_throughput_ratio": _interval(row["client.output_throughput"]),
+                  "emulated_imbalance_ratio": (sim[arm]["engine.imbalance_tokens"] or {}).get("ratio")}
+            for arm, row in table.items()}  # fmt: skip
+    return {"engine": engine, "arms": arms, "lockstep": bool(holds)}

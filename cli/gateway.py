@@ -6,10 +6,9 @@ import argparse
 import re
 
 from balanceroute.cli.options import add_alias, positive_float, positive_int
-from balanceroute.serving.gateway.plane.inprocess import run_inprocess
-from balanceroute.serving.gateway.server import build_gateway, run_gateway
+from balanceroute.serving.gateway.launch import run
+from balanceroute.serving.gateway.runtime import build_gateway
 from balanceroute.serving.gateway.settings import GatewaySettings
-from balanceroute.serving.gateway.split.decider import build_decider, run_split
 from balanceroute.serving.http.settings import load_settings
 
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h)?\s*$")
@@ -139,16 +138,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         "port, which move the bytes and report first tokens and finishes (0: one process, the "
         "default)",
     )  # fmt: skip
-    s.add_argument(
-        "--relay-plane", choices=["protocol", "aiohttp"],
-        help="what the relay workers run: asyncio.Protocol with httptools (protocol, the "
-        "default) or FastAPI/uvicorn with aiohttp (aiohttp)",
-    )  # fmt: skip
-    s.add_argument(
-        "--front", choices=["asgi", "protocol"],
-        help="with no relay workers: the Protocol data plane and the decider in one process "
-        "(protocol, the default) or FastAPI/uvicorn with aiohttp (asgi)",
-    )  # fmt: skip
     p.set_defaults(func=cmd_gateway)
 
 
@@ -157,8 +146,7 @@ FLAGS = ("ranks", "slots", "rank_header", "group_size", "router", "estimator", "
          "first_token_timeout_s", "chunk_timeout_s", "drain_timeout_s", "no_rank_wait_s",
          "arms", "switch_every_s", "warmup_s", "seed", "track", "host", "port", "out",
          "health_interval_s", "health_fall", "health_rise", "header_timeout_s", "body_timeout_s",
-         "idle_timeout_s", "log_level", "relay_workers", "get_load", "relay_plane",
-         "front", "twins", "twin_nice")  # fmt: skip
+         "idle_timeout_s", "log_level", "relay_workers", "get_load", "twins", "twin_nice")  # fmt: skip
 
 
 def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
@@ -169,18 +157,12 @@ def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
 def cmd_gateway(args: argparse.Namespace) -> int:
     """Check everything and load every model first (errors exit 2), then serve until stopped."""
     settings = settings_from_args(args)
-    split = settings.relay_workers > 0 or settings.front == "protocol"
-    gateway = build_decider(settings) if split else build_gateway(settings)
+    gateway = build_gateway(settings)
     arms = ", ".join(a.label for a in gateway.arms)
     print(
         f"gateway on http://{settings.host}:{settings.port} in front of {settings.group} ranks "
         f"x {settings.slots} slots; arms: {arms}",
         flush=True,
     )
-    if settings.relay_workers:
-        run_split(settings, gateway)
-    elif settings.front == "protocol":
-        run_inprocess(settings, gateway)
-    else:
-        run_gateway(settings, gateway)
+    run(settings, gateway)
     return 0

@@ -7,7 +7,7 @@ metrics (:mod:`.metrics`) and prompt counting (:mod:`.tokens`). At shutdown ``OU
 keeps every tick's sample (epoch time, pool size, imbalance, arm, and the per-rank loads and running
 counts the gateway sees): what the live benchmark aligns with the engine's iterations to tell when
 requests were waiting at the gateway, and how far the gateway's view was from the engine's. Requests themselves are run by
-:mod:`.relay`. Model reloads (:mod:`.reload`) load off the event loop and swap between two decisions.
+the data plane (:mod:`.plane`), through the decider (:mod:`.decider`). Model reloads (:mod:`.reload`) load off the event loop and swap between two decisions.
 """
 
 from __future__ import annotations
@@ -15,18 +15,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pandas as pd
 
 from balanceroute.features.errors import UserError
 from balanceroute.features.files import write_parquet
-from balanceroute.serving.gateway.arms import Arm
+from balanceroute.features.workload import WorkloadSpec, load_workload
+from balanceroute.serving.gateway.arms import Arm, build_arms
+from balanceroute.serving.gateway.clock import ClockedGroup
 from balanceroute.serving.gateway.completions import CompletionLog
 from balanceroute.serving.gateway.dispatch import Dispatcher, tick_table
-from balanceroute.serving.gateway.drain import Drain
 from balanceroute.serving.gateway.health import RankHealth
 from balanceroute.serving.gateway.looplag import LoopLag
 from balanceroute.serving.gateway.metrics import GatewayMetrics
@@ -43,6 +46,28 @@ from balanceroute.serving.lifecycle.renew import ReloadOutcome
 log = logging.getLogger("balanceroute.gateway")
 UPSTREAM_KEY_ENV = "BALANCEROUTE_UPSTREAM_API_KEY"
 RECENT_COMPLETIONS = 65_536  # replayed into a reloaded model, as ``serve``'s default
+
+
+class Drain:
+    """The shutdown drain: on SIGTERM (or SIGINT) the front stops accepting and :meth:`begin`
+    starts the clock; the streams in flight get ``timeout_s`` to finish, then :attr:`over` is
+    set and each exchange still running ends its answer itself (an SSE error event and
+    ``[DONE]``, or a 503 before the first token), so no stream is cut silently."""
+
+    def __init__(self, timeout_s: float, announce: bool = True) -> None:
+        self.timeout_s = timeout_s
+        self.announce = announce  # False in a relay worker: the decider logs the one line
+        self.draining = False
+        self.over = asyncio.Event()
+
+    def begin(self) -> None:
+        """Shutdown began: new requests get 503; :attr:`over` is set after ``timeout_s``."""
+        if self.draining:
+            return
+        self.draining = True
+        if self.announce:
+            log.warning("shutting down: the streams in flight get %g s to finish", self.timeout_s)
+        asyncio.get_running_loop().call_later(self.timeout_s, self.over.set)
 
 
 class Gateway:
@@ -245,3 +270,18 @@ def forward_headers(
     if upstream_key:
         headers["authorization"] = f"Bearer {upstream_key}"
     return headers
+
+
+def build_gateway(settings: GatewaySettings) -> Gateway:
+    """Everything the settings name, checked and loaded (UserErrors for what is wrong), on a
+    group that ages running requests by the ranks' clocks."""
+    counter = PromptCounter(settings.tokenizer)
+    history: pd.DataFrame | None = None
+    if settings.history is not None:
+        history, _ = load_workload(WorkloadSpec(trace=settings.history))
+    arms = build_arms(settings, history)
+    group = ClockedGroup.sized(settings.group, settings.slots, settings.max_pool)
+    gateway = Gateway(settings, arms, counter, upstream_key=os.environ.get(UPSTREAM_KEY_ENV) or None,
+                      group=group)  # fmt: skip
+    group.attach(gateway.clock)
+    return gateway

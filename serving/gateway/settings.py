@@ -117,7 +117,7 @@ class GatewaySettings(ServiceSettings):
         le=1,
         allow_inf_nan=False,
         description="where a hold applies, decide this long before the group's next step ends "
-        "(its phase from the times tokens arrive; the Protocol front or relay workers): a "
+        "(its phase from the times tokens arrive): a "
         "step's arrivals and finishes decided together, in time to join the next step; "
         "--hold (and --hold-quiet) while the phase is unknown (0: off)",
     )
@@ -177,14 +177,8 @@ class GatewaySettings(ServiceSettings):
     track: bool = Field(default=True, description="log the switchback to MLflow at shutdown")
     relay_workers: int = Field(
         default=0, ge=0, le=64,
-        description="relay worker processes in front of one decider process (0: one process "
-        "does everything)",
-    )  # fmt: skip
-    front: Literal["asgi", "protocol"] = Field(
-        default="protocol",
-        description="with no relay workers: the one process's front, the Protocol data plane "
-        "beside the decider (protocol, the cheapest layout), or FastAPI/uvicorn with aiohttp to "
-        "the ranks (asgi)",
+        description="relay worker processes sharing the port, which move the bytes and reach the "
+        "decider through a proxy (0: the Protocol front beside the decider in one process)",
     )  # fmt: skip
     twins: bool = Field(
         default=True,
@@ -195,11 +189,6 @@ class GatewaySettings(ServiceSettings):
         default=0, ge=0, le=19,
         description="the live twins' process's OS priority, this many steps below the gateway's "
         "(0: the same)",
-    )  # fmt: skip
-    relay_plane: Literal["protocol", "aiohttp"] = Field(
-        default="protocol",
-        description="what the relay workers run: asyncio.Protocol with httptools on both sides "
-        "(protocol), or FastAPI/uvicorn with aiohttp to the ranks (aiohttp)",
     )  # fmt: skip
 
     @field_validator("rank_header", "estimator", "estimator_url", "history", "arms", mode="before")

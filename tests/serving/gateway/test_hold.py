@@ -11,10 +11,10 @@ import pytest
 
 from balanceroute.router.policies.specs import RouterSpec
 from balanceroute.serving.gateway.arms import Arm
+from balanceroute.serving.gateway.clock import ClockedGroup
 from balanceroute.serving.gateway.dispatch import Dispatcher
 from balanceroute.serving.gateway.metrics import GatewayMetrics
 from balanceroute.serving.gateway.settings import GatewaySettings
-from balanceroute.serving.gateway.split.clock import ClockedGroup
 from balanceroute.serving.gateway.state import LiveGroup
 from balanceroute.serving.gateway.switchback import Switchback
 

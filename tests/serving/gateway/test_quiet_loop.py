@@ -17,12 +17,12 @@ import pytest
 
 from balanceroute.router.policies.specs import RouterSpec
 from balanceroute.serving.gateway.arms import Arm
+from balanceroute.serving.gateway.clock import ClockedGroup, EngineCounters
 from balanceroute.serving.gateway.dispatch import Dispatcher
 from balanceroute.serving.gateway.health import RankHealth
 from balanceroute.serving.gateway.life import NoRankInRotation, RequestLife, arrive
 from balanceroute.serving.gateway.metrics import GatewayMetrics
 from balanceroute.serving.gateway.settings import GatewaySettings
-from balanceroute.serving.gateway.split.clock import ClockedGroup, EngineCounters
 from balanceroute.serving.gateway.state import LiveGroup
 from balanceroute.serving.gateway.switchback import Switchback
 from tests.poll import until_async
@@ -141,7 +141,7 @@ def test_a_queued_request_still_gets_its_503_after_the_no_rank_wait(tmp_path: Pa
     """The only rank never answers: once the outage has lasted ``--no-rank-wait`` the queued
     request is refused (the deadline is the request's own, not the tick's), and at the stop
     ``OUT/ticks.parquet`` holds the samples, the waiting one among them."""
-    from balanceroute.serving.gateway.server import build_gateway
+    from balanceroute.serving.gateway.runtime import build_gateway
 
     async def scenario() -> None:
         settings = GatewaySettings(ranks=["http://127.0.0.1:9"], slots=1, router="count-jsq",

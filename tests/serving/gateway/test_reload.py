@@ -27,7 +27,7 @@ def test_gateway_reload_replays_and_refuses_what_fails(
     from fastapi.testclient import TestClient
 
     from balanceroute.serving.gateway.app import create_gateway_app
-    from balanceroute.serving.gateway.server import build_gateway
+    from balanceroute.serving.gateway.runtime import build_gateway
 
     live = tmp_path / "live.joblib"
     shutil.copy(model_dir / "exactmatch.joblib", live)

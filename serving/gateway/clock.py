@@ -297,7 +297,7 @@ class EngineCounters:
     def read(self, rank: int, text: str, t: float) -> bool:
         """One ``/metrics`` page of ``rank`` read at ``t``; False when it has no counter. A
         counter that moved since the last read is the engine stepping: the rank is heard, so
-        the health round need not probe it (as a streamed token, :mod:`..health`)."""
+        the health round need not probe it (as a streamed token, :mod:`.health`)."""
         steps = engine_steps(text, rank if self.header_mode else None)
         if steps is None:
             return False

@@ -3,7 +3,7 @@ stream and every tick while requests wait.
 
 A decision tells the active policy which requests left since the last one (``on_complete``,
 before any of their positions is reused), hands the finished ones to every arm's model through
-the one fan-out (:mod:`.fanout`; a request that did not finish normally is taught to none), asks it for the admissions due (``route``, timed), checks them with the
+the one fan-out (:func:`.arms.fan_out`; a request that did not finish normally is taught to none), asks it for the admissions due (``route``, timed), checks them with the
 simulator's own invariants (:func:`~balanceroute.router.policies.admission.admission_violation`) and
 resolves each admitted request's future with its rank; the request's handler then forwards it.
 Decisions run on the event loop, between two relayed chunks, so the state never changes under
@@ -49,8 +49,7 @@ import pyarrow as pa
 
 from balanceroute.router.policies.admission import admission_violation
 from balanceroute.router.policies.policy import RunContext
-from balanceroute.serving.gateway.arms import Arm
-from balanceroute.serving.gateway.fanout import completed, fan_out, mute_policies
+from balanceroute.serving.gateway.arms import Arm, completed, fan_out, mute_policies
 from balanceroute.serving.gateway.metrics import GatewayMetrics
 from balanceroute.serving.gateway.state import Departure, LiveGroup
 from balanceroute.serving.gateway.switchback import Switchback

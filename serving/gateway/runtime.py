@@ -31,13 +31,11 @@ from balanceroute.serving.gateway.clock import ClockedGroup
 from balanceroute.serving.gateway.completions import CompletionLog
 from balanceroute.serving.gateway.dispatch import Dispatcher, tick_table
 from balanceroute.serving.gateway.health import RankHealth
-from balanceroute.serving.gateway.looplag import LoopLag
-from balanceroute.serving.gateway.metrics import GatewayMetrics
+from balanceroute.serving.gateway.metrics import GatewayMetrics, LoopLag
 from balanceroute.serving.gateway.reload import reload_arms
-from balanceroute.serving.gateway.results import save_switchback
 from balanceroute.serving.gateway.settings import GatewaySettings
 from balanceroute.serving.gateway.state import LiveGroup
-from balanceroute.serving.gateway.switchback import Switchback, twin_agreement
+from balanceroute.serving.gateway.switchback import Switchback, save_switchback, twin_agreement
 from balanceroute.serving.gateway.tokens import PromptCounter
 from balanceroute.serving.gateway.twins import GatewayTwins
 from balanceroute.serving.lifecycle.recent import RecentCompletions

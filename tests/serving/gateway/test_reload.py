@@ -12,7 +12,7 @@ import pytest
 
 from balanceroute.predict.base import CompletedBatch
 from balanceroute.predict.model_store import load_file
-from balanceroute.serving.gateway.fanout import fan_out
+from balanceroute.serving.gateway.arms import fan_out
 from balanceroute.serving.gateway.settings import GatewaySettings
 from balanceroute.serving.lifecycle import renew as renew_module
 from tests.serving.lifecycle.test_renew import UNSEEN_KEY, c_of_the_key

@@ -8,8 +8,7 @@ relay workers each accepts on the same socket in turn and reaches the decider th
 (:mod:`.plane.wire`); a worker that dies is started again (its requests leave the group at
 once), and connections the kernel queued wait for the other workers. Either way the gateway's
 own app (probes, ``/metrics``, ``/v1/ab``, reload, models) listens on a Unix socket the front
-passes those paths to, and the ranks' health checks and step-counter reads go over kept-alive
-connections (:meth:`~.plane.upstream.RankPool.get`).
+passes those paths to.
 
 SIGTERM drains: new requests get 503, the streams in flight get ``drain_timeout_s`` to finish,
 then end with an SSE error event; the decider keeps deciding until they have.
@@ -33,11 +32,9 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from balanceroute.serving.gateway.app import create_gateway_app
-from balanceroute.serving.gateway.clock import EngineCounters
 from balanceroute.serving.gateway.decider import Decider
 from balanceroute.serving.gateway.plane.front import Connection, Front
 from balanceroute.serving.gateway.plane.request import PlaneContext
-from balanceroute.serving.gateway.plane.upstream import RankPool
 from balanceroute.serving.gateway.plane.wire import Links
 from balanceroute.serving.gateway.plane.worker import SPEC_ENV
 from balanceroute.serving.gateway.runtime import UPSTREAM_KEY_ENV, Gateway
@@ -165,16 +162,6 @@ def listen(settings: GatewaySettings) -> socket.socket:
     return listener
 
 
-def probe_ranks(gw: Gateway, probes: RankPool) -> asyncio.Task:
-    """Health checks over ``probes``' kept-alive connections, and the task that reads the
-    ranks' step counters into their clocks."""
-    s = gw.settings
-    counters = EngineCounters(gw.group, s.rank_url, s.rank_header is not None,  # type: ignore[arg-type]
-                              s.health_interval_s)  # fmt: skip
-    gw.health.fetch = probes.get
-    return asyncio.get_running_loop().create_task(counters.run(gw.session, probes.get))
-
-
 def run(settings: GatewaySettings, gw: Gateway) -> None:
     """Serve ``gw`` with ``settings.relay_workers`` relay workers (0: the front in this
     process) until SIGTERM or SIGINT."""
@@ -194,15 +181,11 @@ def run(settings: GatewaySettings, gw: Gateway) -> None:
     @asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
         async with inner(app):
-            probes = RankPool(settings)
-            counters = probe_ranks(gw, probes)
             await plane.start()
             try:
                 yield
             finally:
                 await plane.stop()
-                counters.cancel()
-                probes.close()
 
     app.router.lifespan_context = lifespan
     log.warning("gateway on port %d: %s, its app on %s", listener.getsockname()[1],

@@ -20,14 +20,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pandas as pd
 
 from balanceroute.features.errors import UserError
 from balanceroute.features.files import write_parquet
 from balanceroute.features.workload import WorkloadSpec, load_workload
 from balanceroute.serving.gateway.arms import Arm, build_arms
-from balanceroute.serving.gateway.clock import ClockedGroup
+from balanceroute.serving.gateway.clock import ClockedGroup, EngineCounters
 from balanceroute.serving.gateway.completions import CompletionLog
 from balanceroute.serving.gateway.dispatch import Dispatcher, tick_table
 from balanceroute.serving.gateway.health import RankHealth
@@ -38,6 +37,7 @@ from balanceroute.serving.gateway.state import LiveGroup
 from balanceroute.serving.gateway.switchback import Switchback, save_switchback, twin_agreement
 from balanceroute.serving.gateway.tokens import PromptCounter
 from balanceroute.serving.gateway.twins import GatewayTwins
+from balanceroute.serving.gateway.upstream import RankPool
 from balanceroute.serving.lifecycle.recent import RecentCompletions
 from balanceroute.serving.lifecycle.renew import ReloadOutcome
 
@@ -111,7 +111,10 @@ class Gateway:
             quiet_s=settings.hold_quiet_s,
             step_s=settings.hold_step_s,
         )
-        self.health = RankHealth(settings, self.group, self.metrics, self.dispatcher.wake)
+        # the ranks' kept-alive connections for health checks, step-counter reads and models
+        self.probes = RankPool(settings)
+        self.health = RankHealth(settings, self.group, self.metrics, self.dispatcher.wake,
+                                 self.probes.get)  # fmt: skip
         self.drain = Drain(settings.drain_timeout_s)
         self.health.auth_headers = lambda rank: self.upstream_headers(rank, "health")
         out = None if settings.out is None else Path(settings.out)
@@ -119,18 +122,12 @@ class Gateway:
         self.log = CompletionLog(
             None if out is None else out / "completions", settings.rotate_bytes, settings.rotate_s
         )
-        self._session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task] = []
         self._writes: list[asyncio.Future] = []
         self.reload_lock = asyncio.Lock()
         self.started_epoch = time.time()
 
-    # ---- what the relay needs -------------------------------------------------------------
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        assert self._session is not None, "the gateway has not started"
-        return self._session
-
+    # ---- what the routes and the relay need ------------------------------------------------
     @property
     def arm_label(self) -> str:
         active = self.dispatcher.active
@@ -142,22 +139,20 @@ class Gateway:
 
     # ---- life -----------------------------------------------------------------------------
     async def start(self) -> None:
-        """Open the upstream connections and start the tick, health checks and log writer."""
+        """Start the tick, the health checks, the step-counter reads and the log writer."""
         s = self.settings
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, force_close=False)
-        timeout = aiohttp.ClientTimeout(total=s.request_timeout_s, sock_connect=s.connect_timeout_s)
-        self._session = aiohttp.ClientSession(
-            connector=connector, timeout=timeout, auto_decompress=False
-        )
         loop = asyncio.get_running_loop()
         self.dispatcher.decide()  # activates the first arm
         self.dispatcher.on_lag = self.loop_lag.record  # sampled by the decision loop's timer
         self.twins.start()
         self._tasks = [
             loop.create_task(self.dispatcher.run(s.tick_s, s.sample_s), name="gateway-tick"),
-            loop.create_task(self.health.run(self._session), name="gateway-health"),
+            loop.create_task(self.health.run(), name="gateway-health"),
             loop.create_task(self._rotate(), name="gateway-log"),
         ]
+        if isinstance(self.group, ClockedGroup):  # the ranks' step counters set their clocks
+            counters = EngineCounters(self.group, s.rank_header is not None, s.health_interval_s)
+            self._tasks.append(loop.create_task(counters.run(self.probes.get), name="gateway-steps"))
 
     async def _rotate(self) -> None:
         while True:
@@ -190,8 +185,7 @@ class Gateway:
         if self._writes:
             await asyncio.gather(*self._writes, return_exceptions=True)
         saved = await self.save_ab() if self.out is not None else None
-        if self._session is not None:
-            await self._session.close()
+        self.probes.close()
         return saved
 
     # ---- the switchback -------------------------------------------------------------------

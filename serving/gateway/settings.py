@@ -147,9 +147,6 @@ class GatewaySettings(ServiceSettings):
     connect_timeout_s: float = Field(
         default=5.0, gt=0, le=60, allow_inf_nan=False, description="upstream connect timeout"
     )
-    request_timeout_s: float = Field(
-        default=3600.0, gt=0, allow_inf_nan=False, description="upstream request timeout"
-    )
     first_token_timeout_s: float = Field(
         default=60.0, gt=0, le=3600, allow_inf_nan=False,
         description="seconds from forwarding to the first token before the rank counts as failed",

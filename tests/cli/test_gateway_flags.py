@@ -28,7 +28,7 @@ VALUES = {
     "get_load": "load", "tokenizer": "tok.json", "max_pool": "64", "tick_s": "0.005",
     "hold_s": "0.002", "hold_quiet_s": "0.001", "hold_step_s": "0.003", "sample_s": "0.5",
     "health_interval_s": "2", "health_fall": "5", "health_rise": "4", "connect_timeout_s": "3",
-    "request_timeout_s": "100", "first_token_timeout_s": "9", "chunk_timeout_s": "8",
+"first_token_timeout_s": "9", "chunk_timeout_s": "8",
     "drain_timeout_s": "7", "no_rank_wait_s": "6", "max_attempts": "2", "out": "outdir",
     "rotate_bytes": "2048", "rotate_s": "11", "relay_workers": "2", "twin_nice": "3",
     "slots": "3",

@@ -52,7 +52,7 @@ from balanceroute.serving.gateway.plane.request import (
     read_event,
     report_finish,
 )
-from balanceroute.serving.gateway.plane.upstream import RankPool, Upstream
+from balanceroute.serving.gateway.upstream import RankPool, Upstream
 from balanceroute.serving.openai.assemble import Assembler
 from balanceroute.serving.openai.responses import error_body
 from balanceroute.serving.openai.sse import DONE, SSE_HEADERS, EventSplitter

@@ -38,8 +38,8 @@ from balanceroute.serving.gateway import errors
 from balanceroute.serving.gateway.life import LiveRequest
 from balanceroute.serving.gateway.plane.exchange import Exchange
 from balanceroute.serving.gateway.plane.request import PlaneContext
-from balanceroute.serving.gateway.plane.upstream import RankPool
 from balanceroute.serving.gateway.tokens import PromptCounter, prompt_key
+from balanceroute.serving.gateway.upstream import RankPool
 from balanceroute.serving.http.deadline import REQUEST_TIMEOUT
 from balanceroute.serving.http.origin_check import OriginCheck
 from balanceroute.serving.openai.requests import ChatBody, CompletionBody

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import aiohttp
 import numpy as np
 import orjson
 from fastapi import APIRouter, Request, Response
@@ -36,16 +35,13 @@ async def listed_models(gw: Gateway) -> bytes | None:
     for g in range(gw.group.ranks):
         if not gw.group.healthy[g]:
             continue
-        url = gw.settings.rank_url(g) + "/v1/models"
         try:
-            timeout = aiohttp.ClientTimeout(total=gw.settings.connect_timeout_s)
-            async with gw.session.get(url, headers=gw.upstream_headers(g, "models"),
-                                      timeout=timeout) as resp:  # fmt: skip
-                content = await resp.read()
-                if resp.status == 200:
-                    return content
-        except (aiohttp.ClientError, OSError, TimeoutError):
+            status, content = await gw.probes.get(g, "/v1/models", gw.upstream_headers(g, "models"),
+                                                  gw.settings.connect_timeout_s)  # fmt: skip
+        except (OSError, TimeoutError):
             continue
+        if status == 200:
+            return content
     return None
 
 

@@ -15,9 +15,9 @@ from balanceroute.serving.gateway.life import LiveRequest
 from balanceroute.serving.gateway.plane.exchange import Exchange, request_head
 from balanceroute.serving.gateway.plane.front import BadBody, check_body, parse_answer
 from balanceroute.serving.gateway.plane.request import FINISHED, MARKERS, PlaneContext, matters
-from balanceroute.serving.gateway.plane.upstream import RankPool
 from balanceroute.serving.gateway.plane.wire import DeciderProxy
 from balanceroute.serving.gateway.settings import GatewaySettings
+from balanceroute.serving.gateway.upstream import RankPool
 from balanceroute.serving.openai.assemble import Assembler
 from balanceroute.serving.openai.requests import CompletionBody
 

@@ -57,6 +57,7 @@ class Local:
         self.server: asyncio.base_events.Server | None = None
 
     async def start(self) -> None:
+        """Accept clients on the shared socket."""
         loop = asyncio.get_running_loop()
         self.server = await loop.create_server(lambda: Connection(self.front),
                                                sock=self.listener, backlog=4096)  # fmt: skip
@@ -89,12 +90,14 @@ class Workers:
         self._watch: asyncio.Task | None = None
 
     async def start(self) -> None:
+        """Listen for the workers' lines, start them, and watch them."""
         await self.links.start(self.events)
         for i in range(len(self.procs)):
             self._spawn(i)
         self._watch = asyncio.get_running_loop().create_task(self._supervise())
 
     def _spawn(self, index: int) -> None:
+        """Start worker ``index`` with its spec (settings, the socket, the decider's paths)."""
         s = self.gw.settings
         data = s.model_dump(mode="json")
         data["api_token"] = s.token

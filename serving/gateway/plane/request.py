@@ -86,6 +86,7 @@ class Life:
 
     @property
     def max_attempts(self) -> int:
+        """Ranks the request may be sent to."""
         return self.ctx.settings.max_attempts
 
     async def admitted(self) -> int:
@@ -108,9 +109,11 @@ class Life:
         return forward_headers(self.ctx.settings, self.ctx.upstream_key, rank, self.req.request_id)
 
     def rank_failed(self, rank: int, why: str) -> None:
+        """``rank`` failed the request before its first token."""
         self.decider.failed(self.rid, rank, why)
 
     def rank_refused(self, rank: int, status: int) -> None:
+        """``rank`` refused the gateway's key (401/403)."""
         self.decider.refused(self.rid, rank, status)
 
     def requeued(self, rank: int, last: bool) -> bool:
@@ -128,6 +131,7 @@ class Life:
 
     def finished(self, rank: int, first_t: float, last_t: float, tokens: int, prompt: int,
                  now: float, finish_reason: str | None = None) -> None:  # fmt: skip
+        """The rank answered in full: its figures to the decider."""
         self.done = True
         self.decider.finished(self.rid, rank, first_t, last_t, tokens, prompt, finish_reason)
 
@@ -141,9 +145,11 @@ class Life:
         self.decider.abandoned(self.rid, outcome)
 
     def count(self, outcome: str) -> None:
+        """An outcome to count."""
         self.decider.count(outcome)
 
     def leave(self) -> None:
+        """However the request ended, it leaves the decider's group once."""
         self.abandoned(None)
 
 

@@ -120,29 +120,37 @@ class DeciderProxy(Line):
         return self.next_id, fut
 
     def first_token(self, rid: int, t: float) -> None:
+        """``FIRST``: the request's first token reached the worker at ``t``."""
         self.send(FIRST, rid, t)
 
     def finished(self, rid: int, rank: int, first_t: float, last_t: float, tokens: int,
                  prompt: int, finish_reason: str | None) -> None:  # fmt: skip
+        """``FINISH``: the rank answered in full."""
         self.waiting.pop(rid, None)
         self.send(FINISH, rid, rank, first_t, last_t, tokens, prompt, finish_reason)
 
     def failed(self, rid: int, rank: int, why: str) -> None:
+        """``SUSPECT``: the rank failed the request before its first token."""
         self.send(SUSPECT, rid, rank, why)
 
     def refused(self, rid: int, rank: int, status: int) -> None:
+        """``REFUSED``: the rank refused the gateway's key."""
         self.send(REFUSED, rid, rank, status)
 
     def requeued(self, rid: int, rank: int, last: bool) -> asyncio.Future[int] | None:
+        """``REQUEUE``: route it again; the future of the next ``ASSIGN`` (None after the
+        last attempt)."""
         fut = None if last else self._waiter(rid)
         self.send(REQUEUE, rid, rank, last)
         return fut
 
     def abandoned(self, rid: int, outcome: str | None) -> None:
+        """``ABANDON``: the request ended otherwise."""
         self.waiting.pop(rid, None)
         self.send(ABANDON, rid, outcome)
 
     def count(self, outcome: str) -> None:
+        """``COUNT``: an outcome to count."""
         self.send(COUNT, 0, outcome)
 
     def deliver(self, event: list[Any]) -> None:
@@ -190,6 +198,7 @@ class Links:
         self.server = await asyncio.start_unix_server(self._serve, path, limit=LIMIT)
 
     def close(self) -> None:
+        """Stop listening for workers' lines."""
         if self.server is not None:
             self.server.close()
 

@@ -1,9 +1,10 @@
-"""Command-line options shared by several commands, generated from the configuration dataclasses.
+"""Command-line options shared by several commands, generated from the configuration classes.
 
 A dataclass field with ``metadata["help"]`` becomes a flag (``--field-name``) whose type follows
-the field's annotation; ``None``-able fields also accept ``none``. So the workload options, the
-BalanceRoute knobs and the decode tier are declared once, in the library, and every command that
-takes them parses them the same way.
+the field's annotation; ``None``-able fields also accept ``none``. A settings model's fields
+(pydantic, such as the gateway's) become flags the same way (:func:`settings_flags`). So the
+workload options, the BalanceRoute knobs, the decode tier and the gateway's settings are declared
+once, in the library, and every command that takes them parses them the same way.
 """
 
 from __future__ import annotations
@@ -11,10 +12,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import re
 import sys
 import types
 from collections.abc import Callable, Iterable
-from typing import Any, NoReturn, Union, get_args, get_origin, get_type_hints
+from dataclasses import dataclass
+from typing import Any, Literal, NoReturn, Union, get_args, get_origin, get_type_hints
+
+import annotated_types
+from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
 
 from balanceroute.features.constants import MAX_HORIZON, MAX_SLOTS, MAX_WORKERS
 from balanceroute.features.loaders import AUTO, FORMATS
@@ -145,35 +152,153 @@ def _field_kind(hint: Any) -> tuple[type, bool]:
     return hint, False
 
 
+@dataclass(frozen=True)
+class Flag:
+    """One generated flag: its name, destination, help and how its text is read."""
+
+    flag: str
+    dest: str
+    help: str
+    parse: Callable[[str], Any] | None = None  # None: a --flag/--no-flag pair (a bool)
+    metavar: str | None = None
+    choices: tuple[Any, ...] | None = None
+    repeat: bool = False  # a list: the flag is given once per item
+
+
+def add_flags(group: argparse._ActionsContainer, flags: Iterable[Flag]) -> None:
+    """One argument per flag, defaulting to "not given" (None)."""
+    for f in flags:
+        if f.parse is None:
+            group.add_argument(f.flag, dest=f.dest, action=argparse.BooleanOptionalAction,
+                               default=None, help=f.help)  # fmt: skip
+            continue
+        group.add_argument(f.flag, dest=f.dest, type=f.parse, default=None, metavar=f.metavar,
+                           choices=f.choices, help=f.help,
+                           action="append" if f.repeat else "store")  # fmt: skip
+
+
+def dataclass_flags(cls: type, *, dest_prefix: str, skip: Iterable[str] = ()) -> list[Flag]:
+    """The flags of the documented fields of a dataclass (``metadata["help"]``); ``None``-able
+    fields also accept ``none``."""
+    hints = get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        if f.name in skip or "help" not in f.metadata:
+            continue
+        kind, nullable = _field_kind(hints[f.name])
+        flag = "--" + f.name.replace("_", "-")
+        if kind is bool:
+            out.append(Flag(flag, dest_prefix + f.name, f.metadata["help"]))
+            continue
+        parse = _nullable(_scalar(kind)) if nullable else _scalar(kind)
+        out.append(Flag(flag, dest_prefix + f.name,
+                        f.metadata["help"] + (" ('none' to disable)" if nullable else ""),
+                        parse, kind.__name__.upper()))  # fmt: skip
+    return out
+
+
 def add_dataclass_args(
     group: argparse._ActionsContainer, cls: type, *, dest_prefix: str, skip: Iterable[str] = ()
 ) -> None:
     """One flag per documented field of ``cls``, defaulting to "not given"."""
-    hints = get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        if f.name in skip or "help" not in f.metadata:
+    add_flags(group, dataclass_flags(cls, dest_prefix=dest_prefix, skip=skip))
+
+
+def settings_flags(cls: type[BaseModel]) -> list[Flag]:
+    """The flags of a settings model, one per field, its ``description`` the help (with the
+    default). A field ``name_s`` in seconds is ``--name`` and takes a duration; a list repeats
+    its flag; a Literal offers its values; the field's bounds are checked as the flag is read.
+    ``json_schema_extra={"flag": ...}`` names another flag, ``{"flag": None}`` keeps a field
+    (a secret) to its environment variable."""
+    out = []
+    for name, info in cls.model_fields.items():
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        seconds = name.endswith("_s")
+        flag = extra.get("flag", "--" + name.removesuffix("_s" if seconds else "").replace("_", "-"))
+        if flag is None:
             continue
-        flag = "--" + f.name.replace("_", "-")
-        dest = dest_prefix + f.name
-        kind, nullable = _field_kind(hints[f.name])
+        kind, _ = _field_kind(info.annotation)
+        help = (info.description or "") + _default_note(info.default, seconds)
         if kind is bool:
-            group.add_argument(
-                flag,
-                dest=dest,
-                action=argparse.BooleanOptionalAction,
-                default=None,
-                help=f.metadata["help"],
-            )
-            continue
-        parse = _scalar(kind)
-        group.add_argument(
-            flag,
-            dest=dest,
-            type=_nullable(parse) if nullable else parse,
-            default=None,
-            metavar=kind.__name__.upper(),
-            help=f.metadata["help"] + (" ('none' to disable)" if nullable else ""),
-        )
+            out.append(Flag(str(flag), name, help))
+        elif get_origin(kind) is Literal:  # read as lower case, as the settings read it
+            out.append(Flag(str(flag), name, help, _lower, choices=get_args(kind)))
+        elif get_origin(kind) is list:
+            out.append(Flag(str(flag), name, help, str, str(extra.get("metavar", "VALUE")), repeat=True))
+        else:
+            low, strict, high = _bounds(info.metadata)
+            parse = duration_type(low, strict, high) if seconds else _bounded(kind, low, strict, high)
+            metavar = extra.get("metavar", "DURATION" if seconds else "N" if kind is int else None)
+            out.append(Flag(str(flag), name, help, parse, metavar))  # type: ignore[arg-type]
+    return out
+
+
+def given_settings(args: argparse.Namespace, cls: type[BaseModel]) -> dict[str, Any]:
+    """The fields of settings model ``cls`` set on the command line."""
+    return {k: v for k in cls.model_fields if (v := getattr(args, k, None)) is not None}
+
+
+def _lower(text: str) -> str:
+    """argparse type: the text in lower case."""
+    return text.strip().lower()
+
+
+def _default_note(default: Any, seconds: bool) -> str:
+    if default is None or default is PydanticUndefined or default == "":
+        return ""
+    if isinstance(default, bool):
+        return f" (default: {'on' if default else 'off'})"
+    return f" (default: {default:g}s)" if seconds else f" (default: {default})"
+
+
+def _bounds(metadata: Iterable[Any]) -> tuple[float, bool, float]:
+    """A field's lower bound, whether it is strict, and its upper bound."""
+    low, strict, high = -math.inf, False, math.inf
+    for m in metadata:
+        if isinstance(m, annotated_types.Ge):
+            low, strict = float(m.ge), False
+        elif isinstance(m, annotated_types.Gt):
+            low, strict = float(m.gt), True
+        elif isinstance(m, annotated_types.Le):
+            high = float(m.le)
+    return low, strict, high
+
+
+def _bounded(kind: type, low: float, strict: bool, high: float) -> Callable[[str], Any]:
+    """argparse type of a bounded scalar field (a string as it is)."""
+    if kind is int:
+        lo = -MAX_INT if low == -math.inf else int(low) + strict
+        return bounded_int(lo, MAX_INT if high == math.inf else int(high))
+    if kind is float:
+        return bounded_float(low, high) if strict else _scalar(float)
+    return _scalar(kind)
+
+
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h)?\s*$")
+_UNIT = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def duration_type(low: float = 0.0, strict: bool = True, high: float = math.inf) -> Callable[[str], float]:
+    """argparse type: a duration such as ``30s``, ``2m``, ``500ms`` or ``45`` (seconds), longer
+    than ``low`` (or as long, not ``strict``) and at most ``high``."""
+
+    def parse(text: str) -> float:
+        match = _DURATION.match(text)
+        if match is None:
+            raise argparse.ArgumentTypeError(f"expected a duration such as 30s or 2m, got {text!r}")
+        value = float(match.group(1)) * _UNIT[match.group(2)]
+        if value < low or (strict and value == low):
+            raise argparse.ArgumentTypeError(f"must be longer than {max(low, 0):g}, got {text}")
+        if value > high:
+            raise argparse.ArgumentTypeError(f"must be at most {high:g}s, got {text}")
+        return value
+
+    parse.__name__ = "duration"
+    return parse
+
+
+duration = duration_type()
+duration.__doc__ = "argparse type: a duration such as ``30s``, ``2m``, ``500ms`` or ``45`` (seconds), > 0."
 
 
 def given_fields(args: argparse.Namespace, cls: type, *, dest_prefix: str) -> dict[str, Any]:

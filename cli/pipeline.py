@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from balanceroute.cli.gateway import duration
-from balanceroute.cli.options import bounded_int, fraction, horizon_count, positive_int
+from balanceroute.cli.options import bounded_int, duration, fraction, horizon_count, positive_int
 from balanceroute.cli.train import groups, kinds
 from balanceroute.features.constants import DEFAULT_HORIZON
 from balanceroute.features.errors import UserError

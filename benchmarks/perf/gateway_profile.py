@@ -1,5 +1,5 @@
 """Where the gateway's CPU goes on its requests' path, as JSON: ``balanceroute gateway`` (the
-default layout, ``--front protocol``; ``--layout`` for another) in front of an emulated group
+default layout, the Protocol front in one process; ``--layout proto1`` for a relay worker) in front of an emulated group
 (G = 8, B = 32, real time) with ``balanceroute bench`` replaying the shared Azure trace, the
 gateway's CPU seconds per 1,000 relayed tokens and, with ``--profile``, its main thread under
 cProfile over the bench run only (the top functions by own time and by cumulative time, with
@@ -41,7 +41,7 @@ from balanceroute.serving.testbed.harness import ServerProcess, clean_env, free_
 REPO = Path(__file__).resolve().parents[2]
 TRACE = REPO.parent / "shared" / "data" / "azure_llm_2023_conv.csv"
 G, B = 8, 32
-LAYOUTS = {"protocol": [], "asgi": ["--front", "asgi"], "proto1": ["--relay-workers", "1"]}
+LAYOUTS = {"protocol": [], "proto1": ["--relay-workers", "1"]}
 MAIN = "import sys; from balanceroute.cli import main; sys.exit(main())"
 # the profiler runs from SIGUSR1 (the bench starts) to SIGUSR2 (it ended), when it is written
 PROFILED = """

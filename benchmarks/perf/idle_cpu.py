@@ -25,9 +25,7 @@ import psutil
 from balanceroute.serving.testbed.harness import ServerProcess, clean_env, free_port, free_ports
 
 CLI = [sys.executable, "-c", "import sys; from balanceroute.cli import main; sys.exit(main())"]
-LAYOUTS = {"one": ["--front", "asgi"], "inproc": ["--front", "protocol"],
-           "proto1": ["--relay-workers", "1"], "aio1": ["--relay-workers", "1", "--relay-plane",
-                                                         "aiohttp"]}  # fmt: skip
+LAYOUTS = {"inproc": [], "proto1": ["--relay-workers", "1"]}
 G, B = 8, 32
 
 

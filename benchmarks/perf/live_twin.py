@@ -301,7 +301,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     emu, urls = start_emulator(args.time_scale, args.emulator_port, out)
     try:
         extra = ["--arms", arms, "--switch-every", f"{args.window}s", "--warmup",
-                 f"{args.window / 4}s", "--no-mlflow", "--front", args.front]  # fmt: skip
+                 f"{args.window / 4}s", "--no-mlflow"]  # fmt: skip
         if args.twin_nice is not None:
             extra += ["--twin-nice", str(args.twin_nice)]
         if args.twin == "off":
@@ -336,7 +336,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "B": B,
         "load": args.load,
         "time_scale": args.time_scale,
-        "front": args.front,
         "requests": n,
         "repeat": args.repeat,
         "train_requests": args.train,
@@ -396,7 +395,6 @@ def main() -> None:
     p.add_argument("--time-scale", type=float, default=1.0)
     p.add_argument("--window", type=float, default=30.0, help="switchback window, wall s")
     p.add_argument("--poll", type=float, default=5.0, help="seconds between /metrics polls")
-    p.add_argument("--front", choices=("asgi", "protocol"), default="protocol")
     p.add_argument("--prior", action="store_true", help="the model carries its twin prior")
     p.add_argument("--emulator-port", type=int, default=23100)
     p.add_argument("--gateway-port", type=int, default=23200)

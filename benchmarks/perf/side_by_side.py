@@ -20,15 +20,13 @@ end of the bench run), and the machine's load average before and after.
     .venv/bin/python benchmarks/perf/side_by_side.py --out runs/side_by_side > runs/side_by_side.json
     .venv/bin/python benchmarks/perf/side_by_side.py --render runs/side_by_side.json
 
-The gateway's layout is ``--gateway-modes`` (default ``inproc``, the gateway's own default:
-``--front protocol``, the Protocol front beside the decider in one process); the others stay for
-comparisons: ``one`` (``--front asgi``, one FastAPI/uvicorn process, arms named
-``gateway:ROUTER``), ``aio1``, ``aio2``, ``proto1``, ``proto2`` (relay worker processes); every
-arm but ``one``'s is named ``gateway[MODE]:ROUTER``. The data plane's choice (issue 20) in one
-short run::
+The gateway's layout is ``--gateway-modes`` (default ``inproc``, the gateway's own default: the
+Protocol front beside the decider in one process); ``proto1`` and ``proto2`` run relay worker
+processes (``--relay-workers N``). Every arm is named ``gateway[MODE]:ROUTER``. The layouts in
+one short run::
 
     .venv/bin/python benchmarks/perf/side_by_side.py --out runs/plane \
-        --gateway-modes aio1,proto1,proto2,inproc --routers count-jsq,brh \
+        --gateway-modes proto1,proto2,inproc --routers count-jsq,brh \
         --sglang-policies round_robin --vllm-policies round_robin,power_of_two > runs/plane.json
 """
 
@@ -66,26 +64,22 @@ CLI = [sys.executable, "-c", "import sys; from balanceroute.cli import main; sys
 
 
 GATEWAY_MODES = {  # the gateway's process layout, by --gateway-modes name
-    "one": ["--front", "asgi"],  # one process: FastAPI/uvicorn front, aiohttp to the ranks
-    "aio1": ["--relay-workers", "1", "--relay-plane", "aiohttp"],
-    "aio2": ["--relay-workers", "2", "--relay-plane", "aiohttp"],
-    "proto1": ["--relay-workers", "1", "--relay-plane", "protocol"],
-    "proto2": ["--relay-workers", "2", "--relay-plane", "protocol"],
-    "inproc": ["--front", "protocol"],  # the Protocol front beside the decider, one process
+    "proto1": ["--relay-workers", "1"],
+    "proto2": ["--relay-workers", "2"],
+    "inproc": [],  # the Protocol front beside the decider, one process (the default)
 }
 
 
 def arms(args: argparse.Namespace) -> list[tuple[str, str, str | None]]:
     """(name, kind, policy) of every arm, ``direct`` first (a gateway arm's kind names its
-    mode: ``gateway`` for ``one``, else ``gateway-MODE``; with ``--base-python`` every gateway arm
+    mode: ``gateway-MODE``; with ``--base-python`` every gateway arm
     again as ``base[MODE]:ROUTER``, kind ``base-gateway...``, run by that interpreter)."""
     out: list[tuple[str, str, str | None]] = [("direct", "direct", None)]
     for base in ([""] + (["base-"] if args.base_python else [])):
         for mode in args.gateway_modes:
-            tag = "" if mode == "one" else f"[{mode}]"
-            kind = base + ("gateway" if mode == "one" else f"gateway-{mode}")
+            kind = base + f"gateway-{mode}"
             name = "base" if base else "gateway"
-            out += [(f"{name}{tag}:{r}", kind, r) for r in args.routers]
+            out += [(f"{name}[{mode}]:{r}", kind, r) for r in args.routers]
     out += [(f"sglang-router:{p}", "sglang", p) for p in args.sglang_policies]
     out += [(f"vllm-router:{p}", "vllm", p) for p in args.vllm_policies]
     return out
@@ -116,7 +110,7 @@ def start_router(
         assert base_python is not None
         kind, cli = kind.removeprefix("base-"), [base_python, *CLI[1:]]
     if kind.startswith("gateway"):
-        mode = GATEWAY_MODES[kind.partition("-")[2] or "one"]
+        mode = GATEWAY_MODES[kind.partition("-")[2]]
         args = [*cli, "gateway", "--slots", str(B), "--port", str(port), "--out", str(out / "gateway"),
                 "--router", policy, "--no-mlflow", *mode]  # fmt: skip
         for u in urls:
@@ -330,7 +324,7 @@ def main() -> None:
     p.add_argument("--gateway-modes", type=lambda t: [x for x in t.split(",") if x],
                    default=["inproc"],
                    help=f"gateway layouts, of {', '.join(GATEWAY_MODES)} (default: inproc, the "
-                   "gateway's default --front protocol)")  # fmt: skip
+                   "gateway's default)")  # fmt: skip
     p.add_argument("--sglang-policies", type=lambda t: [x for x in t.split(",") if x],
                    default=list(SGLANG_POLICIES))  # fmt: skip
     p.add_argument("--vllm-policies", type=lambda t: [x for x in t.split(",") if x],

@@ -5,8 +5,8 @@ For each shared trace and emulator time scale, the same requests (``--requests``
 replayed by ``balanceroute bench`` through ``balanceroute gateway`` in each mode (``single``: the
 one-process gateway; ``relayN``: ``--relay-workers N``), with ``count-jsq`` and ``brh``, each
 against a fresh ``balanceroute emulate`` group; and once straight to the ranks (round-robin).
-``pfront`` and ``asgi`` name the one-process gateway's front (``--front protocol``, the default
-``single`` runs too, or ``--front asgi``, the front before it); ``holdN`` is ``pfront`` with
+``pfront`` is ``single`` under its older name (the Protocol front in one process); ``holdN`` is
+``pfront`` with
 ``--hold Nms`` (bursts and one step's finishes decided together), ``holdNqM`` adds
 ``--hold-quiet Mms``, ``stepN`` is ``hold30q5`` with ``--hold-step Nms`` (the held decision
 N ms before the group's next step where the gateway knows its phase).
@@ -39,8 +39,8 @@ resample whole runs instead (the spread between repeats, which blocks within eac
 and ``steady_imbalance_over_sim_ensemble`` gives each router's own live imbalance over the
 ensemble's.
 
-``--profile DIR`` instead runs the one-process gateway (or the relay workers, ``--modes relay1``)
-under cProfile with ``brh`` and writes the top functions by own time.
+``--profile DIR`` instead runs the one-process gateway under cProfile with ``brh`` and writes the
+top functions by own time (a relay worker process is not profiled).
 
     .venv/bin/python benchmarks/perf/split_gateway.py --out runs/split > runs/split.json
     .venv/bin/python benchmarks/perf/split_gateway.py --profile runs/split_prof --traces azure
@@ -102,31 +102,25 @@ PROFILED = (
 )
 
 
-FRONTS = {"pfront": "protocol", "asgi": "asgi"}  # one process with that front, named
-
-
 def mode_args(mode: str) -> list[str]:
-    """The gateway flags of a mode: ``single`` (the default front, now Protocol), ``pfront``
-    (``--front protocol``), ``asgi`` (``--front asgi``), ``holdN`` (the Protocol front with
+    """The gateway flags of a mode: ``single`` or ``pfront`` (the default: the Protocol front
+    in one process), ``holdN`` (with
     ``--hold Nms``), ``holdNqM`` (with ``--hold-quiet Mms``), ``stepN`` (``hold30q5`` deciding
     ``--hold-step Nms`` before the group's next step where its phase is known) or ``relayN``
     (``nginx``: no gateway)."""
-    if mode in ("single", "nginx"):
+    if mode in ("single", "pfront", "nginx"):
         return []
-    if mode in FRONTS:
-        return ["--front", FRONTS[mode]]
     if mode.startswith("hold") and mode[4:].isdigit():
-        return ["--front", "protocol", "--hold", f"{mode[4:]}ms"]
+        return ["--hold", f"{mode[4:]}ms"]
     hold, _, quiet = mode[4:].partition("q")
     if mode.startswith("hold") and hold.isdigit() and quiet.isdigit():
-        return ["--front", "protocol", "--hold", f"{hold}ms", "--hold-quiet", f"{quiet}ms"]
+        return ["--hold", f"{hold}ms", "--hold-quiet", f"{quiet}ms"]
     if mode.startswith("step") and mode[4:].isdigit():
-        return ["--front", "protocol", "--hold", "30ms", "--hold-quiet", "5ms",
-                "--hold-step", f"{mode[4:]}ms"]  # fmt: skip
+        return ["--hold", "30ms", "--hold-quiet", "5ms", "--hold-step", f"{mode[4:]}ms"]
     if mode.startswith("relay") and mode[5:].isdigit():
         return ["--relay-workers", mode[5:]]
     raise SystemExit(
-        f"unknown mode {mode!r}: single, pfront, asgi, holdN, holdNqM, stepN or relayN"
+        f"unknown mode {mode!r}: single, pfront, holdN, holdNqM, stepN or relayN"
     )
 
 
@@ -139,8 +133,6 @@ def start_gateway(urls: list[str], extra: list[str], out_dir: Path,
     for u in urls:
         args += ["--rank", u]
     env = clean_env({"BALANCEROUTE_LOG_LEVEL": "warning"})
-    if profile is not None:
-        env["BALANCEROUTE_RELAY_PROFILE"] = str(profile)
     out_dir.mkdir(parents=True, exist_ok=True)
     proc = ServerProcess(args + extra, log=out_dir.parent / "gateway.out", env=env)
     url = f"http://127.0.0.1:{port}"
@@ -369,7 +361,7 @@ def profile(trace: Path, n: int, ts: float, load: float, mode: str, out: Path) -
             stop(gw)
     finally:
         stop(emu)
-    files = [p for p in [prof, *sorted(out.glob("gateway.prof.relay-*"))] if p.exists()]
+    files = [p for p in [prof] if p.exists()]
     stats = pstats.Stats(*map(str, files))
     total = stats.total_tt  # type: ignore[attr-defined]
     rows = []

@@ -1,4 +1,5 @@
-"""The gateway's FastAPI app factory: the shared Host/Origin check and token, the routes, the lifespan."""
+"""The gateway's own app (probes, metrics, A/B, reload, models; the front passes those paths to
+it on a Unix socket): the shared Host/Origin check and token, the routes, the lifespan."""
 
 from __future__ import annotations
 
@@ -43,10 +44,10 @@ def create_gateway_app(gateway: Gateway) -> FastAPI:
     )
     app.state.settings = gateway.settings
     app.state.gateway = gateway
-    # a non-JSON content type is vLLM's 400 (it cannot read such a body), not 415
+    # a non-JSON content type is vLLM's 400 (it cannot read such a body), not 415; the front
+    # checks the body's size before it passes a request here
     app.add_middleware(OriginCheck, settings=gateway.settings, body=errors.refusal,
                        content_type_status=400)  # fmt: skip
-    app.add_middleware(errors.BodyLimit, max_bytes=gateway.settings.max_body_bytes)
     errors.install(app)
     app.add_exception_handler(ClientDisconnect, client_disconnect)
     for router in ROUTERS:

@@ -8,16 +8,19 @@ its fallback). A model URI is loaded through the one model lifecycle of ``serve`
 enters the gateway). The policy holds a :class:`Handle` on its estimator, never the model
 itself, so ``POST /admin/reload`` swaps the model between two decisions without rebuilding the
 policy. The gateway mutes every handle: the policy's own updates are ignored and the
-completion fan-out (:mod:`.fanout`) teaches each model every finished request exactly once; a
+completion fan-out (:func:`fan_out`) teaches each model every finished request exactly once; a
 request that left without finishing is taught to none (a truncated length is not an output
 length).
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Self
 
+import numpy as np
 import pandas as pd
 
 from balanceroute.features.constants import DEFAULT_HORIZON
@@ -35,8 +38,12 @@ from balanceroute.predict.remote import RemoteEstimator, preflight
 from balanceroute.router.policies.policy import Policy
 from balanceroute.router.policies.registry import OFFLINE_ONLY
 from balanceroute.router.policies.specs import RouterSpec, parse_arms
+from balanceroute.router.policies.state import RequestTable
 from balanceroute.serving.gateway.settings import GatewaySettings
+from balanceroute.serving.lifecycle.recent import RecentCompletions
 from balanceroute.serving.lifecycle.renew import load_now
+
+log = logging.getLogger("balanceroute.gateway")
 
 
 class Handle(CompletionEstimator):
@@ -186,3 +193,46 @@ def build_arm(spec: RouterSpec, settings: GatewaySettings, history: pd.DataFrame
 def build_arms(settings: GatewaySettings, history: pd.DataFrame | None = None) -> list[Arm]:
     """Every arm of the settings, built (models loaded, fitted or reached) before serving."""
     return [build_arm(spec, settings, history) for spec in arm_specs(settings)]
+
+
+# ---- the one fan-out of finished requests -------------------------------------------------------
+# Every arm's model learns each completion exactly once. The active arm's policy still hears of
+# every departure through ``on_complete`` (it frees the positions and updates its own state), but
+# its estimator handle is muted (:class:`Handle`): here, and only here, each arm that learns online is taught the completions, whichever arm is
+# routing, and the ring of recent completions keeps them for the next model reload.
+
+
+def completed(
+    table: RequestTable, positions: np.ndarray, output_tokens: np.ndarray, now: float
+) -> CompletedBatch:
+    """The completions of ``positions`` (their prompts read before the positions are reused)."""
+    return CompletedBatch(
+        prompt_tokens=table.prompt_tokens[positions].copy(),
+        output_tokens=output_tokens,
+        prompt_key=table.prompt_key[positions].copy(),
+        time_s=np.full(positions.shape[0], now),
+    )
+
+
+def mute_policies(arms: Iterable[Arm]) -> None:
+    """Close the policies' own path to their estimators: the fan-out teaches them."""
+    for arm in arms:
+        if arm.handle is not None:
+            arm.handle.muted = True
+
+
+def fan_out(
+    arms: Iterable[Arm], batch: CompletedBatch, recent: RecentCompletions | None = None
+) -> None:
+    """Teach ``batch`` to every arm's model that learns online, once, and keep it in ``recent``."""
+    if batch.size == 0:
+        return
+    for arm in arms:
+        if arm.handle is None or not arm.handle.learns_online:
+            continue
+        try:
+            arm.handle.learn(batch)
+        except Exception:  # one arm's model must not starve the others
+            log.exception("arm %s: learning from %d completions failed", arm.label, batch.size)
+    if recent is not None:
+        recent.add(batch)

@@ -3,7 +3,7 @@ stream and every tick while requests wait.
 
 A decision tells the active policy which requests left since the last one (``on_complete``,
 before any of their positions is reused), hands the finished ones to every arm's model through
-the one fan-out (:mod:`.fanout`; a request that did not finish normally is taught to none), asks it for the admissions due (``route``, timed), checks them with the
+the one fan-out (:func:`.arms.fan_out`; a request that did not finish normally is taught to none), asks it for the admissions due (``route``, timed), checks them with the
 simulator's own invariants (:func:`~balanceroute.router.policies.admission.admission_violation`) and
 resolves each admitted request's future with its rank; the request's handler then forwards it.
 Decisions run on the event loop, between two relayed chunks, so the state never changes under
@@ -11,7 +11,8 @@ a policy. Arms switch at window boundaries (:class:`Switchback`): the incoming p
 ``reset`` once per activation; every arm's estimator learns from every completion, so no arm is
 starved of data.
 
-A request that arrives alone into a group with a free slot is decided at once
+When a decision is made is :class:`Timing`'s (one of :class:`When`: now, hold, quiet, step). A
+request that arrives alone into a group with a free slot is decided at once
 (:meth:`Dispatcher.arrived`), unless a hold is set (``hold_s``, ``--hold``): then, while the group
 is at least half full, the decision an arrival or a finish asks for waits ``hold_s`` and every one
 asked for meanwhile joins it; with ``quiet_s`` (``--hold-quiet``) the held decision comes as soon
@@ -43,14 +44,14 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from enum import Enum
 
 import numpy as np
 import pyarrow as pa
 
 from balanceroute.router.policies.admission import admission_violation
 from balanceroute.router.policies.policy import RunContext
-from balanceroute.serving.gateway.arms import Arm
-from balanceroute.serving.gateway.fanout import completed, fan_out, mute_policies
+from balanceroute.serving.gateway.arms import Arm, completed, fan_out, mute_policies
 from balanceroute.serving.gateway.metrics import GatewayMetrics
 from balanceroute.serving.gateway.state import Departure, LiveGroup
 from balanceroute.serving.gateway.switchback import Switchback
@@ -68,8 +69,109 @@ TIMER_SLACK_S = 0.001
 HOLD_FROM = 0.5
 
 
+class When(Enum):
+    """When a decision an arrival or a finish asks for is made (module docstring)."""
+
+    NOW = "now"  # at once (a lone arrival into a free slot before ``arrived`` returns)
+    HOLD = "hold"  # while the group is at least half full, held ``hold_s``
+    QUIET = "quiet"  # held until nothing asked for ``quiet_s`` (``hold_s`` at the latest)
+    STEP = "step"  # ``step_s`` before the group's next step ends where its phase is known
+
+    @classmethod
+    def of(cls, hold_s: float, quiet_s: float, step_s: float) -> When:
+        """The timing the three hold settings describe."""
+        if step_s > 0:
+            return cls.STEP
+        if hold_s <= 0:
+            return cls.NOW
+        return cls.QUIET if quiet_s > 0 else cls.HOLD
+
+
+class Timing:
+    """When a decision is made: at once, or held (:class:`When`); one per dispatcher. With
+    :attr:`When.STEP` the hold and the quiet time, when set, apply while the phase is unknown."""
+
+    def __init__(self, group: LiveGroup, clock: Callable[[], float], *, hold_s: float = 0.0,
+                 quiet_s: float = 0.0, step_s: float = 0.0) -> None:  # fmt: skip
+        self.when = When.of(hold_s, quiet_s, step_s)
+        self.group = group
+        self.clock = clock
+        self.hold_s = hold_s
+        self.quiet_s = quiet_s
+        self.step_s = step_s
+        self._hold_until: float | None = None  # the held decision's latest time, while held
+        self._at_step = False  # the held decision waits for the step's end (step_s)
+        self._last_ask = 0.0  # when a decision was last asked for during the hold
+        self._last_arrival = -1.0  # when the last request arrived (bursts, with quiet_s)
+        self._decide: Callable[[], object] = lambda: None
+
+    @property
+    def held(self) -> bool:
+        """Whether a held decision is pending."""
+        return self._hold_until is not None
+
+    @property
+    def until(self) -> float | None:
+        """The held decision's latest time (None: none is held)."""
+        return self._hold_until
+
+    def holds(self, decide: Callable[[], object], *, arrival: bool = False) -> bool:
+        """Whether the decision asked for now waits for the held one, which ``decide`` makes
+        (module docstring): a hold is set and at least :data:`HOLD_FROM` of the slots are taken
+        (the group steps), or (``quiet_s``) an ``arrival`` came within ``quiet_s`` of the one
+        before (a burst); the first ask starts the hold."""
+        if self.when is When.NOW:
+            return False
+        group = self.group
+        full = group.inflight.sum() >= HOLD_FROM * group.ranks * group.slots
+        watch = arrival and self.quiet_s > 0  # bursts are watched for at any fill
+        if not (full or watch):
+            return False
+        now = self.clock()
+        if watch:
+            burst, self._last_arrival = now - self._last_arrival < self.quiet_s, now
+            if not (full or burst):
+                return False
+        if self._hold_until is None:
+            wait = self._first_wait(now)
+            if wait is None:
+                return False
+            self._decide = decide
+            self._hold_until = now + (wait if self._at_step else self.hold_s)
+            asyncio.get_running_loop().call_later(wait, self.due)
+        self._last_ask = now
+        return True
+
+    def _first_wait(self, now: float) -> float | None:
+        """How long a new hold waits: with ``step_s`` and the group's step phase known, until
+        ``step_s`` before the next step's tokens are due (the decision still reaches its rank
+        before that step starts); else the quiet time or the hold; None: no hold (``step_s``
+        alone and the phase unknown)."""
+        self._at_step = False
+        if self.step_s > 0:
+            due = self.group.next_step(now + self.step_s)
+            if due is not None:
+                self._at_step = True
+                return max(due - self.step_s - now, 0.0)
+        if self.hold_s <= 0:
+            return None
+        return min(self.quiet_s, self.hold_s) if self.quiet_s > 0 else self.hold_s
+
+    def due(self) -> None:
+        """The held decision, or (``quiet_s``) a later look if something asked meanwhile (the
+        hold's timer calls it)."""
+        if self.quiet_s > 0 and self._hold_until is not None and not self._at_step:
+            wait = min(self._hold_until, self._last_ask + self.quiet_s) - self.clock()
+            if wait > TIMER_SLACK_S:
+                asyncio.get_running_loop().call_later(wait, self.due)
+                return
+        self._hold_until = None
+        self._decide()
+
+
 class Dispatcher:
-    """Admits waiting requests with the active arm's policy; one per gateway."""
+    """Admits waiting requests with the active arm's policy, at the times its :class:`Timing`
+    says; one per gateway."""
 
     def __init__(
         self,
@@ -87,13 +189,7 @@ class Dispatcher:
         step_s: float = 0.0,
     ) -> None:
         self.group = group
-        self.hold_s = hold_s
-        self.quiet_s = quiet_s
-        self.step_s = step_s
-        self._hold_until: float | None = None  # the held decision's latest time, while held
-        self._at_step = False  # the held decision waits for the step's end (step_s)
-        self._last_ask = 0.0  # when a decision was last asked for during the hold
-        self._last_arrival = -1.0  # when the last request arrived (bursts, with quiet_s)
+        self.timing = Timing(group, clock, hold_s=hold_s, quiet_s=quiet_s, step_s=step_s)
         self.twins = twins
         self.arms = {a.label: a for a in arms}
         self.recent = recent
@@ -130,8 +226,8 @@ class Dispatcher:
 
     def wake(self) -> None:
         """Decide soon (calls coalesce into one decision per event-loop pass, or into the held
-        decision: :meth:`_hold`)."""
-        if self._hold():
+        decision: :meth:`Timing.holds`)."""
+        if self.timing.holds(self.decide):
             self._ring()
             return
         if not self._scheduled:
@@ -143,66 +239,15 @@ class Dispatcher:
         """A request joined the pool: decided now if it waits alone and a slot is free (nothing
         to batch it with; at low load this is every arrival, and its first token is not made to
         wait for the event loop's next pass), else at the loop's next pass (:meth:`wake`); with a
-        hold and a group at least half full, in the held decision (:meth:`_hold`)."""
+        hold and a group at least half full, in the held decision (:meth:`Timing.holds`)."""
         group = self.group
-        if self._hold(arrival=True):
+        if self.timing.holds(self.decide, arrival=True):
             self._ring()
         elif group.pool.size == 1 and group.has_free_slot():
             self._ring()
             self.decide()
         else:
             self.wake()
-
-    def _hold(self, *, arrival: bool = False) -> bool:
-        """Whether the decision asked for now waits for the held one (module docstring): a
-        hold is set and at least :data:`HOLD_FROM` of the slots are taken (the group steps),
-        or (``quiet_s``) an ``arrival`` came within ``quiet_s`` of the one before (a burst);
-        the first ask starts the hold."""
-        if self.hold_s <= 0 and self.step_s <= 0:
-            return False
-        group = self.group
-        full = group.inflight.sum() >= HOLD_FROM * group.ranks * group.slots
-        watch = arrival and self.quiet_s > 0  # bursts are watched for at any fill
-        if not (full or watch):
-            return False
-        now = self.clock()
-        if watch:
-            burst, self._last_arrival = now - self._last_arrival < self.quiet_s, now
-            if not (full or burst):
-                return False
-        if self._hold_until is None:
-            wait = self._first_wait(now)
-            if wait is None:
-                return False
-            self._hold_until = now + (wait if self._at_step else self.hold_s)
-            asyncio.get_running_loop().call_later(wait, self._held_decision)
-        self._last_ask = now
-        return True
-
-    def _first_wait(self, now: float) -> float | None:
-        """How long a new hold waits: with ``step_s`` and the group's step phase known, until
-        ``step_s`` before the next step's tokens are due (the decision still reaches its rank
-        before that step starts); else the quiet time or the hold; None: no hold (``step_s``
-        alone and the phase unknown)."""
-        self._at_step = False
-        if self.step_s > 0:
-            due = self.group.next_step(now + self.step_s)
-            if due is not None:
-                self._at_step = True
-                return max(due - self.step_s - now, 0.0)
-        if self.hold_s <= 0:
-            return None
-        return min(self.quiet_s, self.hold_s) if self.quiet_s > 0 else self.hold_s
-
-    def _held_decision(self) -> None:
-        """The held decision, or (``quiet_s``) a later look if something asked meanwhile."""
-        if self.quiet_s > 0 and self._hold_until is not None and not self._at_step:
-            wait = min(self._hold_until, self._last_ask + self.quiet_s) - self.clock()
-            if wait > TIMER_SLACK_S:
-                asyncio.get_running_loop().call_later(wait, self._held_decision)
-                return
-        self._hold_until = None
-        self.decide()
 
     def _ring(self) -> None:
         """Wake the idle loop (:meth:`_pause`), if it sleeps."""
@@ -361,7 +406,7 @@ class Dispatcher:
         sample was the regular one."""
         group = self.group
         waiting = bool(group.pool.size or group.departures)
-        if waiting and self._hold_until is None:
+        if waiting and not self.timing.held:
             self.decide()
         elif not waiting:
             self.pulse(now)
@@ -374,7 +419,7 @@ class Dispatcher:
         """The loop (module docstring) until cancelled: decisions every ``tick_s`` while requests
         wait, a regular sample every ``sample_s`` (``tick_s`` when None); with each regular
         sample ``on_lag`` hears how late the loop ran the timer that woke it (the gateway's
-        loop-lag sampler, :mod:`.looplag`, without a timer of its own)."""
+        loop-lag sampler, :class:`~.metrics.LoopLag`, without a timer of its own)."""
         every = tick_s if sample_s is None else max(sample_s, tick_s)
         next_sample = self.clock()
         while True:

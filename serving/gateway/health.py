@@ -13,8 +13,8 @@ round. A rank that refused the gateway's credentials (401/403: a wrong
 ``BALANCEROUTE_UPSTREAM_API_KEY``) looks healthy to ``/health``, which vLLM does not guard, so it
 is checked with ``GET /v1/models`` and the key instead, and stays out, named so in ``/readyz``
 and the log, until it accepts them. In header mode the ranks share one upstream: its health is
-theirs. With ``fetch`` set (the Protocol front's decider) checks go over the ranks' kept-alive
-connections (:meth:`~.plane.upstream.RankPool.get`) instead of the aiohttp session.
+theirs. Checks go over the ranks' kept-alive connections (``fetch``: the gateway's
+:meth:`~.upstream.RankPool.get`).
 
 A check that timed out more than :data:`LATE_LOOP_S` after its deadline timed out because the
 gateway's own event loop was late (a stall of the process, or of the machine: the answer may have
@@ -33,8 +33,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
-
-import aiohttp
 
 from balanceroute.serving.gateway.metrics import GatewayMetrics
 from balanceroute.serving.gateway.settings import GatewaySettings
@@ -56,13 +54,13 @@ class RankHealth:
         group: LiveGroup,
         metrics: GatewayMetrics,
         on_recover: Callable[[], None],
+        fetch: Fetch,
     ) -> None:
         self.settings = settings
         self.group = group
         self.metrics = metrics
         self.on_recover = on_recover
-        self.session: aiohttp.ClientSession | None = None
-        self.fetch: Fetch | None = None  # set: checks go through it, not the session
+        self.fetch = fetch
         self._poke = asyncio.Event()
         self.last_error: dict[int, str] = {}
         self.refused: dict[int, str] = {}  # ranks that refused the credentials, and why
@@ -145,9 +143,9 @@ class RankHealth:
         loop = asyncio.get_running_loop()
         start = loop.time()
         try:
-            status = await self._get(rank, path, headers)
+            status, _ = await self.fetch(rank, path, headers, CHECK_TIMEOUT_S)
             ok, why = status == 200, f"GET {path} answered {status}"
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        except (OSError, TimeoutError) as exc:
             late = loop.time() - start - CHECK_TIMEOUT_S
             if isinstance(exc, TimeoutError) and late > LATE_LOOP_S:
                 self.unjudged += 1
@@ -162,18 +160,6 @@ class RankHealth:
             elif "answered 401" in why or "answered 403" in why:
                 why = refused
         self._probed(rank, ok, why)
-
-    async def _get(self, rank: int, path: str, headers: dict[str, Any]) -> int:
-        """The status of ``GET path`` on ``rank`` (its body read and dropped)."""
-        if self.fetch is not None:
-            status, _ = await self.fetch(rank, path, headers, CHECK_TIMEOUT_S)
-            return status
-        assert self.session is not None
-        url = self.settings.rank_url(rank) + path
-        timeout = aiohttp.ClientTimeout(total=CHECK_TIMEOUT_S)
-        async with self.session.get(url, timeout=timeout, headers=headers) as resp:
-            await resp.read()
-            return resp.status
 
     def serving_ranks(self) -> set[int]:
         """Ranks in rotation, with no failed check pending, that streamed or finished since
@@ -192,9 +178,8 @@ class RankHealth:
         self.skipped += len(serving)
         await asyncio.gather(*(self.check(g) for g in ranks if g not in serving))
 
-    async def run(self, session: aiohttp.ClientSession) -> None:
+    async def run(self) -> None:
         """Check every interval (and at once after a suspected failure) until cancelled."""
-        self.session = session
         while True:
             await self.check_all()
             self._poke.clear()

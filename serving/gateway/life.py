@@ -1,13 +1,13 @@
 """One request's life in the gateway, owned here from arrival to departure: it **arrives** (a
 position in the pool, or a full pool), is **admitted** (the decision loop resolves its future
-with a rank), **forwarded** (the rank and the headers to use), makes **progress** (tokens, the
-rank's own prompt count), and either **finishes** (metrics, the completion log, its slot leaves
+with a rank), and either **finishes** (metrics, the completion log, its slot leaves
 the group with its estimator taught) or is **abandoned** (client gone, ranks failed: it leaves
 the pool or its rank once, nothing learned). A rank that fails before the first token sends it
 back to the head of the pool (**requeued**).
 
-:class:`~balanceroute.serving.gateway.relay.Relay` only moves bytes; every change to the group,
-the dispatcher, the switchback, the health checks, the metrics and the log goes through here.
+The data plane only moves bytes and reports through the decider (:mod:`.decider`); every change
+to the group, the dispatcher, the switchback, the health checks, the metrics and the log goes
+through here.
 """
 
 from __future__ import annotations
@@ -106,17 +106,6 @@ class RequestLife:
         self.gw = gw
         self.req = req
 
-    @property
-    def max_attempts(self) -> int:
-        return self.gw.settings.max_attempts
-
-    @property
-    def session(self) -> Any:
-        return self.gw.session
-
-    def clock(self) -> float:
-        return self.gw.clock()
-
     async def admitted(self) -> int:
         """Wait for the decision loop to admit the request; its rank. While no rank is in
         rotation the wait is bounded: :class:`NoRankInRotation` once the outage has lasted
@@ -159,11 +148,6 @@ class RequestLife:
         gw.switchback.admitted(wait, now)
         return rank
 
-    def forwarded(self, rank: int) -> tuple[str, dict[str, str]]:
-        """Where to send the request on ``rank``, and with which headers."""
-        gw, req = self.gw, self.req
-        return gw.settings.rank_url(rank) + req.path, gw.upstream_headers(rank, req.request_id)
-
     def rank_failed(self, rank: int, why: str) -> None:
         """``rank`` failed the request before it started: out of rotation until it recovers."""
         self.gw.health.suspect(rank, why)
@@ -190,15 +174,6 @@ class RequestLife:
         req.admitted = gw.dispatcher.waiter(new)
         gw.dispatcher.wake()
         return True
-
-    def progress(self, tokens: int, new: int, usage_prompt: int, now: float) -> None:
-        """``new`` more tokens (``tokens`` so far; ``usage_prompt`` > 0: the rank's prompt
-        count)."""
-        gw, pos = self.gw, self.req.position
-        gw.group.advance(pos, tokens)
-        if usage_prompt > 0:
-            gw.group.correct_prompt(pos, usage_prompt)
-        gw.switchback.tokens(new, now)
 
     def finished(
         self,

@@ -7,7 +7,7 @@ metrics (:mod:`.metrics`) and prompt counting (:mod:`.tokens`). At shutdown ``OU
 keeps every tick's sample (epoch time, pool size, imbalance, arm, and the per-rank loads and running
 counts the gateway sees): what the live benchmark aligns with the engine's iterations to tell when
 requests were waiting at the gateway, and how far the gateway's view was from the engine's. Requests themselves are run by
-:mod:`.relay`. Model reloads (:mod:`.reload`) load off the event loop and swap between two decisions.
+the data plane (:mod:`.plane`), through the decider (:mod:`.decider`). Model reloads (:mod:`.reload`) load off the event loop and swap between two decisions.
 """
 
 from __future__ import annotations
@@ -15,34 +15,57 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
+import pandas as pd
 
 from balanceroute.features.errors import UserError
 from balanceroute.features.files import write_parquet
-from balanceroute.serving.gateway.arms import Arm
+from balanceroute.features.workload import WorkloadSpec, load_workload
+from balanceroute.serving.gateway.arms import Arm, build_arms
+from balanceroute.serving.gateway.clock import ClockedGroup, EngineCounters
 from balanceroute.serving.gateway.completions import CompletionLog
 from balanceroute.serving.gateway.dispatch import Dispatcher, tick_table
-from balanceroute.serving.gateway.drain import Drain
 from balanceroute.serving.gateway.health import RankHealth
-from balanceroute.serving.gateway.looplag import LoopLag
-from balanceroute.serving.gateway.metrics import GatewayMetrics
+from balanceroute.serving.gateway.metrics import GatewayMetrics, LoopLag
 from balanceroute.serving.gateway.reload import reload_arms
-from balanceroute.serving.gateway.results import save_switchback
 from balanceroute.serving.gateway.settings import GatewaySettings
 from balanceroute.serving.gateway.state import LiveGroup
-from balanceroute.serving.gateway.switchback import Switchback, twin_agreement
+from balanceroute.serving.gateway.switchback import Switchback, save_switchback, twin_agreement
 from balanceroute.serving.gateway.tokens import PromptCounter
 from balanceroute.serving.gateway.twins import GatewayTwins
+from balanceroute.serving.gateway.upstream import RankPool
 from balanceroute.serving.lifecycle.recent import RecentCompletions
 from balanceroute.serving.lifecycle.renew import ReloadOutcome
 
 log = logging.getLogger("balanceroute.gateway")
 UPSTREAM_KEY_ENV = "BALANCEROUTE_UPSTREAM_API_KEY"
 RECENT_COMPLETIONS = 65_536  # replayed into a reloaded model, as ``serve``'s default
+
+
+class Drain:
+    """The shutdown drain: on SIGTERM (or SIGINT) the front stops accepting and :meth:`begin`
+    starts the clock; the streams in flight get ``timeout_s`` to finish, then :attr:`over` is
+    set and each exchange still running ends its answer itself (an SSE error event and
+    ``[DONE]``, or a 503 before the first token), so no stream is cut silently."""
+
+    def __init__(self, timeout_s: float, announce: bool = True) -> None:
+        self.timeout_s = timeout_s
+        self.announce = announce  # False in a relay worker: the decider logs the one line
+        self.draining = False
+        self.over = asyncio.Event()
+
+    def begin(self) -> None:
+        """Shutdown began: new requests get 503; :attr:`over` is set after ``timeout_s``."""
+        if self.draining:
+            return
+        self.draining = True
+        if self.announce:
+            log.warning("shutting down: the streams in flight get %g s to finish", self.timeout_s)
+        asyncio.get_running_loop().call_later(self.timeout_s, self.over.set)
 
 
 class Gateway:
@@ -88,7 +111,10 @@ class Gateway:
             quiet_s=settings.hold_quiet_s,
             step_s=settings.hold_step_s,
         )
-        self.health = RankHealth(settings, self.group, self.metrics, self.dispatcher.wake)
+        # the ranks' kept-alive connections for health checks, step-counter reads and models
+        self.probes = RankPool(settings)
+        self.health = RankHealth(settings, self.group, self.metrics, self.dispatcher.wake,
+                                 self.probes.get)  # fmt: skip
         self.drain = Drain(settings.drain_timeout_s)
         self.health.auth_headers = lambda rank: self.upstream_headers(rank, "health")
         out = None if settings.out is None else Path(settings.out)
@@ -96,18 +122,12 @@ class Gateway:
         self.log = CompletionLog(
             None if out is None else out / "completions", settings.rotate_bytes, settings.rotate_s
         )
-        self._session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task] = []
         self._writes: list[asyncio.Future] = []
         self.reload_lock = asyncio.Lock()
         self.started_epoch = time.time()
 
-    # ---- what the relay needs -------------------------------------------------------------
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        assert self._session is not None, "the gateway has not started"
-        return self._session
-
+    # ---- what the routes and the relay need ------------------------------------------------
     @property
     def arm_label(self) -> str:
         active = self.dispatcher.active
@@ -119,22 +139,20 @@ class Gateway:
 
     # ---- life -----------------------------------------------------------------------------
     async def start(self) -> None:
-        """Open the upstream connections and start the tick, health checks and log writer."""
+        """Start the tick, the health checks, the step-counter reads and the log writer."""
         s = self.settings
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, force_close=False)
-        timeout = aiohttp.ClientTimeout(total=s.request_timeout_s, sock_connect=s.connect_timeout_s)
-        self._session = aiohttp.ClientSession(
-            connector=connector, timeout=timeout, auto_decompress=False
-        )
         loop = asyncio.get_running_loop()
         self.dispatcher.decide()  # activates the first arm
         self.dispatcher.on_lag = self.loop_lag.record  # sampled by the decision loop's timer
         self.twins.start()
         self._tasks = [
             loop.create_task(self.dispatcher.run(s.tick_s, s.sample_s), name="gateway-tick"),
-            loop.create_task(self.health.run(self._session), name="gateway-health"),
+            loop.create_task(self.health.run(), name="gateway-health"),
             loop.create_task(self._rotate(), name="gateway-log"),
         ]
+        if isinstance(self.group, ClockedGroup):  # the ranks' step counters set their clocks
+            counters = EngineCounters(self.group, s.rank_header is not None, s.health_interval_s)
+            self._tasks.append(loop.create_task(counters.run(self.probes.get), name="gateway-steps"))
 
     async def _rotate(self) -> None:
         while True:
@@ -167,8 +185,7 @@ class Gateway:
         if self._writes:
             await asyncio.gather(*self._writes, return_exceptions=True)
         saved = await self.save_ab() if self.out is not None else None
-        if self._session is not None:
-            await self._session.close()
+        self.probes.close()
         return saved
 
     # ---- the switchback -------------------------------------------------------------------
@@ -245,3 +262,18 @@ def forward_headers(
     if upstream_key:
         headers["authorization"] = f"Bearer {upstream_key}"
     return headers
+
+
+def build_gateway(settings: GatewaySettings) -> Gateway:
+    """Everything the settings name, checked and loaded (UserErrors for what is wrong), on a
+    group that ages running requests by the ranks' clocks."""
+    counter = PromptCounter(settings.tokenizer)
+    history: pd.DataFrame | None = None
+    if settings.history is not None:
+        history, _ = load_workload(WorkloadSpec(trace=settings.history))
+    arms = build_arms(settings, history)
+    group = ClockedGroup.sized(settings.group, settings.slots, settings.max_pool)
+    gateway = Gateway(settings, arms, counter, upstream_key=os.environ.get(UPSTREAM_KEY_ENV) or None,
+                      group=group)  # fmt: skip
+    group.attach(gateway.clock)
+    return gateway

@@ -36,25 +36,29 @@ class GatewaySettings(ServiceSettings):
 
     port: int = Field(default=8000, ge=0, le=65535, description="TCP port (0 = any free one)")
     # The rank URLs: code reads them as ``rank_urls`` (``ranks`` elsewhere counts them, G, or
-    # holds their states); the field keeps the name of its input (``--rank`` fills it,
-    # ``BALANCEROUTE_RANKS`` sets it, error messages say ``ranks``).
+    # holds their states); the field keeps the name of its input (``--rank`` fills it, once per
+    # rank, ``BALANCEROUTE_RANKS`` sets it as a JSON list, error messages say ``ranks``).
     ranks: list[str] = Field(
         min_length=1,
-        description="rank base URLs, one per data-parallel rank (URL mode), or the one upstream "
-        "URL with rank_header set (header mode)",
+        description="base URL of one rank, in rank order (repeat per rank); with --rank-header, "
+        "the one upstream URL",
+        json_schema_extra={"flag": "--rank", "metavar": "URL"},
     )
     rank_header: str | None = Field(
         default=None,
         description="header mode: the header naming the chosen rank (vLLM: X-data-parallel-rank)",
     )
     group_size: int | None = Field(
-        default=None, ge=1, le=MAX_WORKERS, description="header mode: ranks behind the upstream"
-    )
+        default=None, ge=1, le=MAX_WORKERS, description="header mode: G, the ranks behind the "
+        "upstream", json_schema_extra={"flag": "--ranks"},
+    )  # fmt: skip
     slots: int = Field(ge=1, le=MAX_SLOTS, description="B: requests in flight per rank at most")
     router: str = Field(default="brh", description="router spec, as in simulate and ab")
     estimator: str | None = Field(
-        default=None, description="KIND[@MODEL_URI] for the router (default: none)"
-    )
+        default=None, description="the router's estimator, e.g. "
+        "gbdt@models:/completion-predictor@champion (default: none; survival, exactmatch, gbdt "
+        "without a URI need --history)", json_schema_extra={"metavar": "KIND[@MODEL_URI]"},
+    )  # fmt: skip
     estimator_url: str | None = Field(
         default=None, description="a prediction service (balanceroute serve) for the router"
     )
@@ -62,8 +66,9 @@ class GatewaySettings(ServiceSettings):
         default=0.01, gt=0, le=1, allow_inf_nan=False, description="budget of one remote call"
     )
     history: str | None = Field(
-        default=None, description="trace to fit estimators given without a model URI"
-    )
+        default=None, description="trace to fit estimators given without a model URI",
+        json_schema_extra={"metavar": "TRACE"},
+    )  # fmt: skip
     arms: str | None = Field(default=None, description="switchback arms, comma-separated specs")
     switch_every_s: float = Field(
         default=30.0, gt=0, le=86_400, allow_inf_nan=False, description="switchback window"
@@ -81,8 +86,9 @@ class GatewaySettings(ServiceSettings):
         '(sglang-router) or {"load": n} (vllm-router)',
     )
     tokenizer: str | None = Field(
-        default=None, description="a Hugging Face tokenizer.json for exact prompt counts"
-    )
+        default=None, description="a Hugging Face tokenizer.json for exact prompt counts",
+        json_schema_extra={"metavar": "FILE"},
+    )  # fmt: skip
     max_pool: int = Field(
         default=4096, ge=1, le=1_048_576, description="waiting requests at most (429 above)"
     )
@@ -117,7 +123,7 @@ class GatewaySettings(ServiceSettings):
         le=1,
         allow_inf_nan=False,
         description="where a hold applies, decide this long before the group's next step ends "
-        "(its phase from the times tokens arrive; the Protocol front or relay workers): a "
+        "(its phase from the times tokens arrive): a "
         "step's arrivals and finishes decided together, in time to join the next step; "
         "--hold (and --hold-quiet) while the phase is unknown (0: off)",
     )
@@ -141,9 +147,6 @@ class GatewaySettings(ServiceSettings):
     connect_timeout_s: float = Field(
         default=5.0, gt=0, le=60, allow_inf_nan=False, description="upstream connect timeout"
     )
-    request_timeout_s: float = Field(
-        default=3600.0, gt=0, allow_inf_nan=False, description="upstream request timeout"
-    )
     first_token_timeout_s: float = Field(
         default=60.0, gt=0, le=3600, allow_inf_nan=False,
         description="seconds from forwarding to the first token before the rank counts as failed",
@@ -165,8 +168,9 @@ class GatewaySettings(ServiceSettings):
         default=3, ge=1, le=16, description="ranks a request may be sent to before it fails"
     )
     out: str | None = Field(
-        default=None, description="folder for completions/ (the completion log) and ab/"
-    )
+        default=None, description="folder for completions/ (the completion log) and ab/",
+        json_schema_extra={"metavar": "DIR"},
+    )  # fmt: skip
     rotate_bytes: int = Field(
         default=8 * 1024 * 1024, ge=1024, description="completion-log part size in memory"
     )
@@ -174,17 +178,14 @@ class GatewaySettings(ServiceSettings):
         default=10.0, gt=0, allow_inf_nan=False,
         description="completion-log part age at most: what a SIGKILL can lose (s)",
     )  # fmt: skip
-    track: bool = Field(default=True, description="log the switchback to MLflow at shutdown")
+    track: bool = Field(
+        default=True, description="log the switchback to MLflow at shutdown",
+        json_schema_extra={"flag": "--mlflow"},
+    )  # fmt: skip
     relay_workers: int = Field(
         default=0, ge=0, le=64,
-        description="relay worker processes in front of one decider process (0: one process "
-        "does everything)",
-    )  # fmt: skip
-    front: Literal["asgi", "protocol"] = Field(
-        default="protocol",
-        description="with no relay workers: the one process's front, the Protocol data plane "
-        "beside the decider (protocol, the cheapest layout), or FastAPI/uvicorn with aiohttp to "
-        "the ranks (asgi)",
+        description="relay worker processes sharing the port, which move the bytes and reach the "
+        "decider through a proxy (0: the Protocol front beside the decider in one process)",
     )  # fmt: skip
     twins: bool = Field(
         default=True,
@@ -195,11 +196,6 @@ class GatewaySettings(ServiceSettings):
         default=0, ge=0, le=19,
         description="the live twins' process's OS priority, this many steps below the gateway's "
         "(0: the same)",
-    )  # fmt: skip
-    relay_plane: Literal["protocol", "aiohttp"] = Field(
-        default="protocol",
-        description="what the relay workers run: asyncio.Protocol with httptools on both sides "
-        "(protocol), or FastAPI/uvicorn with aiohttp to the ranks (aiohttp)",
     )  # fmt: skip
 
     @field_validator("rank_header", "estimator", "estimator_url", "history", "arms", mode="before")

@@ -11,17 +11,23 @@ tracks, sampled every tick). Each arm is compared with the first one block by bl
 of the per-block differences with a Student-t 95% interval over blocks, and for the imbalance
 also the geometric-mean ratio. Beside it, the live twin's counterfactual comparison of the same
 arms on the same traffic (:mod:`.twins`: every arm replayed on the same blocks of finished
-requests) and whether the two agree (:func:`twin_agreement`).
+requests) and whether the two agree (:func:`twin_agreement`). The results go to
+``DIR/ab/summary.json`` and ``report.md`` first (atomically), then to one MLflow parent run with
+a child run per arm (the conventions of :mod:`balanceroute.training.experiments`); a tracking
+failure never loses the files (:func:`save_switchback`).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from balanceroute.features.files import write_json, write_text
+from balanceroute.predict.model_store import setup_mlflow
 from balanceroute.router.lab.paired import ratio_interval, t_interval
 
 METRICS = ("throughput", "tpot_p50_ms", "tpot_p95_ms", "queue_p50_ms", "queue_p99_ms", "imbalance")
@@ -324,3 +330,61 @@ def _interval(d: dict[str, Any]) -> str:
 
 def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:,.2f}"
+
+
+# ---- the results on disk and in MLflow, like ``balanceroute ab``'s ----------------------------
+EXPERIMENT = "balanceroute-gateway-ab"
+
+
+def write_results(summary: dict[str, Any], config: dict[str, Any], folder: Path) -> list[Path]:
+    """``summary.json`` (with the resolved configuration) and ``report.md`` in ``folder``."""
+    return [
+        write_json(folder / "summary.json", {**summary, "config": config}),
+        write_text(folder / "report.md", report_markdown(summary, config)),
+    ]
+
+
+def log_switchback(summary: dict[str, Any], config: dict[str, Any], files: list[Path]) -> str:
+    """Parent run (configuration, files) with a child run per arm; returns the parent's id."""
+    setup_mlflow(EXPERIMENT)
+    import mlflow
+
+    with mlflow.start_run(run_name=f"gateway-ab-{Path(files[0]).parent.parent.name}") as parent:
+        mlflow.log_params(
+            {
+                "arms": ",".join(summary["arms"])[:500],
+                "window_s": summary["window_s"],
+                "warmup_s": summary["warmup_s"],
+                "seed": summary["seed"],
+                "windows_done": summary["windows_done"],
+                "ranks": config.get("ranks"),
+                "slots": config.get("slots"),
+                "reference": summary["reference"],
+            }
+        )
+        for path in files:
+            mlflow.log_artifact(str(path))
+        for arm in summary["arms"]:
+            row = summary["per_arm"][arm]
+            with mlflow.start_run(run_name=arm, nested=True):
+                mlflow.log_params({"arm": arm, **config.get("arms", {}).get(arm, {})})
+                metrics = {m: row[m] for m in METRICS if row.get(m) is not None}
+                for m, d in summary["paired_vs_reference"].get(arm, {}).items():
+                    if d["mean"] is not None:
+                        metrics[f"{m}_diff"] = d["mean"]
+                mlflow.log_metrics({k: float(v) for k, v in metrics.items()})
+        return parent.info.run_id
+
+
+def save_switchback(
+    summary: dict[str, Any], config: dict[str, Any], folder: Path, *, track: bool
+) -> dict[str, Any]:
+    """Write the files, then track them; says where they went and any tracking error."""
+    files = write_results(summary, config, folder)
+    out: dict[str, Any] = {"files": [str(p) for p in files], "run_id": None, "tracking_error": None}
+    if track:
+        try:
+            out["run_id"] = log_switchback(summary, config, files)
+        except Exception as exc:  # the files are on disk: report, never lose them
+            out["tracking_error"] = f"{type(exc).__name__}: {exc}"
+    return out

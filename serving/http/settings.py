@@ -65,9 +65,10 @@ class ServiceSettings(BaseSettings):
         "the API; a call with another Origin header gets 403",
     )
     port: int = Field(default=8080, ge=0, le=65535, description="TCP port (0 = any free one)")
-    api_token: SecretStr | None = Field(
-        default=None, description="bearer token required by every endpoint but the probes"
-    )
+    api_token: SecretStr | None = Field(  # a secret: never a flag (``ps`` would show it)
+        default=None, description="bearer token required by every endpoint but the probes",
+        json_schema_extra={"flag": None},
+    )  # fmt: skip
     allow_unauthenticated: bool = Field(
         default=False, description="allow listening beyond loopback without a token"
     )

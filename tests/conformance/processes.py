@@ -11,7 +11,7 @@ from pathlib import Path
 from balanceroute.serving.testbed.harness import ServerProcess, clean_env, free_port
 
 BIN = Path(sys.executable).with_name("balanceroute")
-# more gateway flags for every check, e.g. "--relay-workers 1" or "--front protocol"
+# more gateway flags for every check, e.g. "--relay-workers 1"
 EXTRA_ENV = "CONFORMANCE_GATEWAY_ARGS"
 
 

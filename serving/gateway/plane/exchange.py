@@ -1,15 +1,30 @@
-"""One completion request through the Protocol data plane, from its admission to its answer's
-end: the same life as :class:`~balanceroute.serving.gateway.split.lean.LeanRelay` (attempts,
-re-routing before the first token, deadlines, drain, disconnects; reported to the decider by
-:class:`~balanceroute.serving.gateway.split.lean.RemoteLife`), with the bytes moved in the
-upstream connection's callbacks instead of through aiohttp and ASGI.
+"""One completion request through the data plane, from its admission to its answer's end: the
+gateway's one relay, with its fault rules. Its life is reported to the decider
+(:class:`~.request.Life`, through a :class:`~.request.DeciderPort`: the decider itself, or a
+relay worker's proxy).
 
-Until the first token the rank's stream is read event by event (:func:`~..relay.read_event`).
+Until the first token the rank's stream is read event by event (:func:`~.request.read_event`).
 After it every piece read is written to the client's socket as one HTTP chunk up to its last
-complete event, with one regular-expression search for the events that matter (a set
-``finish_reason``, a ``usage`` object, ``[DONE]``, an ``error``: only those are parsed) and one
-count of ``data:`` lines. The rank is paused while the client's socket is full. A non-streaming
-client gets the answer assembled from every event (:mod:`balanceroute.serving.openai.assemble`).
+complete event, with one search for the events that matter (a set ``finish_reason``, a
+``usage`` object, ``[DONE]``, an ``error``: only those are parsed, :func:`~.request.matters`) and
+one count of ``data:`` lines. The rank is paused while the client's socket is full. A
+non-streaming client gets the answer assembled from every event
+(:mod:`balanceroute.serving.openai.assemble`); every answer carries ``x-request-id``.
+
+Faults. Until the first token has reached the client it has seen nothing, so a rank that fails
+then (connection refused or broken, a 5xx or 429 answer, a 401/403 refusing the gateway's
+upstream key, the stream ending early, an abort: vLLM stopping gracefully) is taken out of
+rotation and the request goes back to the head of the pool, to be routed again (at most
+``max_attempts`` ranks); a rank's other 4xx is the client's answer and is relayed. After the
+first token the client gets an SSE error event and ``[DONE]``. Deadlines: a first token within
+``first_token_timeout_s`` of forwarding (else the rank failed: re-routed), and a chunk within
+``chunk_timeout_s`` of the last once the stream started (else an SSE error event and
+``[DONE]``). An abort after the first token ends the stream as the rank ended it, counted
+``aborted`` and kept out of the completion log (its length is not the request's). A request
+still queued when no rank has been in rotation for ``no_rank_wait_s`` gets 503 with
+``Retry-After``. A client that disconnects cancels the upstream request (its connection is
+closed, which aborts it on the rank) and frees the slot; at the drain deadline the answers
+still running end in the client's format.
 """
 
 from __future__ import annotations
@@ -23,18 +38,21 @@ from typing import Any
 
 import orjson
 
+from balanceroute.serving.gateway.decider import Rejected
 from balanceroute.serving.gateway.life import LiveRequest
-from balanceroute.serving.gateway.plane.upstream import RankPool, Upstream
-from balanceroute.serving.gateway.relay import (
+from balanceroute.serving.gateway.plane.request import (
     FINISHED,
     RETRY,
+    Life,
+    PlaneContext,
     Stream,
     UpstreamBroke,
+    matters,
+    rank_body,
     read_event,
     report_finish,
 )
-from balanceroute.serving.gateway.split.channel import Rejected
-from balanceroute.serving.gateway.split.lean import RemoteLife, WorkerContext, lean_body, matters
+from balanceroute.serving.gateway.upstream import RankPool, Upstream
 from balanceroute.serving.openai.assemble import Assembler
 from balanceroute.serving.openai.responses import error_body
 from balanceroute.serving.openai.sse import DONE, SSE_HEADERS, EventSplitter
@@ -67,13 +85,13 @@ def request_head(pool: RankPool, rank: int, path: str, headers: dict[str, str],
 class Exchange:
     """One request's attempts and answer (module docstring)."""
 
-    def __init__(self, ctx: WorkerContext, pool: RankPool, client: Any, req: LiveRequest,
+    def __init__(self, ctx: PlaneContext, pool: RankPool, client: Any, req: LiveRequest,
                  rid: int) -> None:  # fmt: skip
         self.ctx = ctx
         self.pool = pool
         self.client = client
         self.req = req
-        self.life = RemoteLife(ctx, req, rid)
+        self.life = Life(ctx, req, rid)
         self.loop = asyncio.get_running_loop()
         self.settings = ctx.settings
         self.started = False  # the stream's head (and a token) reached the client
@@ -112,7 +130,7 @@ class Exchange:
         up = self.pool.idle_connection(rank)
         if up is None:
             return None
-        body = lean_body(self.req.body)
+        body = rank_body(self.req.body)
         request = self._prepare(rank, body)
         self.up = up
         up.send(self, request)
@@ -132,7 +150,7 @@ class Exchange:
 
     async def run(self, sent: Sent | None = None) -> None:
         life = self.life
-        body = sent.body if sent is not None else lean_body(self.req.body)
+        body = sent.body if sent is not None else rank_body(self.req.body)
         attempts = life.max_attempts
         attempt = 0
         try:
@@ -177,7 +195,7 @@ class Exchange:
         self.splitter = EventSplitter()
         self.result = self.loop.create_future()
         self.timer = self.loop.call_later(self.settings.first_token_timeout_s, self._first_late)
-        _, headers = self.life.forwarded(rank)
+        headers = self.life.headers(rank)
         return request_head(self.pool, rank, self.req.path, headers, len(body)) + body
 
     async def attempt(self, rank: int, body: bytes, sent: Sent | None = None) -> str:
@@ -252,7 +270,7 @@ class Exchange:
                 self.streaming = True
                 if self.up is not None:
                     self.up.relaying = True
-            self.life.progress(st.tokens, st.tokens, st.usage_prompt, now)
+            self.life.progress(st.tokens, now)
         elif self.req.stream:
             self.st.held.extend(out)
         if st.done:

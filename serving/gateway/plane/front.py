@@ -7,11 +7,11 @@ with ``content-length``, and the connection closed after the answer whatever the
 ``Connection`` header says (no keep-alive for 1.0, as h11). A 1.1 request with
 ``Connection: close`` keeps the chunked framing (h11 too) and is closed after its answer.
 
-A completion request (``POST /v1/completions``, ``POST /v1/chat/completions``) is checked as the
-aiohttp worker checks it (Host, Origin and Content-Type; the body's size; the bearer token; the
-body's fields, with vLLM's 400 naming each bad one), counted and admitted through the decider,
-and answered by an :class:`~.exchange.Exchange`. Every other request is passed whole to the
-decider's own app on its Unix socket, and its answer passed back.
+A completion request (``POST /v1/completions``, ``POST /v1/chat/completions``) is checked (Host,
+Origin and Content-Type; the body's size; the bearer token; the body's fields, with vLLM's 400
+naming each bad one), counted and admitted through the decider, and answered by an
+:class:`~.exchange.Exchange`. Every other request is passed whole to the gateway's own app
+(probes, metrics, A/B, reload, models) on its Unix socket, and its answer passed back.
 
 Deadlines (:mod:`balanceroute.serving.http.deadline` describes them): a request's headers
 within ``header_timeout_s`` of its first byte (or of the connection's opening; else 408 and the
@@ -22,6 +22,7 @@ connection idle for ``idle_timeout_s`` is closed. A client that goes away cancel
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 import os
@@ -36,10 +37,9 @@ from balanceroute.features.prompts import chat_text
 from balanceroute.serving.gateway import errors
 from balanceroute.serving.gateway.life import LiveRequest
 from balanceroute.serving.gateway.plane.exchange import Exchange
-from balanceroute.serving.gateway.plane.upstream import RankPool
-from balanceroute.serving.gateway.split import wire
-from balanceroute.serving.gateway.split.lean import WorkerContext
+from balanceroute.serving.gateway.plane.request import PlaneContext
 from balanceroute.serving.gateway.tokens import PromptCounter, prompt_key
+from balanceroute.serving.gateway.upstream import RankPool
 from balanceroute.serving.http.deadline import REQUEST_TIMEOUT
 from balanceroute.serving.http.origin_check import OriginCheck
 from balanceroute.serving.openai.requests import ChatBody, CompletionBody
@@ -79,10 +79,10 @@ def check_body(raw: bytes, model: type[BaseModel]) -> tuple[dict[str, Any], Any]
 
 
 class Front:
-    """What a worker's client connections share: the settings, the line to the decider, the
-    connections to the ranks, the prompt counter and the requests in flight."""
+    """What a process's client connections share: the settings, the decider, the connections
+    to the ranks, the prompt counter and the requests in flight."""
 
-    def __init__(self, ctx: WorkerContext, counter: PromptCounter, control: str) -> None:
+    def __init__(self, ctx: PlaneContext, counter: PromptCounter, control: str) -> None:
         self.ctx = ctx
         self.settings = ctx.settings
         self.counter = counter
@@ -116,6 +116,21 @@ class Front:
         for conn in list(self.connections):
             if conn.exchange is None and not conn.busy:
                 conn.transport.close()
+
+    async def drained(self, grace_s: float) -> None:
+        """Shutting down (the drain begun): wait for the requests in flight until the drain
+        deadline, then end the rest (``grace_s`` for their last bytes) and close the pool."""
+        if not self.idle.is_set():
+            over = asyncio.ensure_future(self.ctx.drain.over.wait())
+            quiet = asyncio.ensure_future(self.idle.wait())
+            await asyncio.wait({over, quiet}, return_when=asyncio.FIRST_COMPLETED)
+            over.cancel()
+            quiet.cancel()
+        if not self.idle.is_set():
+            self.drain_over()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.idle.wait(), grace_s)
+        self.pool.close()
 
 
 class Connection(asyncio.Protocol):
@@ -272,26 +287,24 @@ class Connection(asyncio.Protocol):
                checked: Any, chat: bool) -> None:  # fmt: skip
         """Count the prompt, ask the decider for a rank, and hand the request to an exchange."""
         front, ctx = self.front, self.front.ctx
-        if ctx.drain.draining or ctx.channel.lost:
+        if ctx.drain.draining or ctx.decider.lost:
             self.keep = False
             self._json(503, error_body(503, "the gateway is shutting down"),
                        [(b"retry-after", b"1")])  # fmt: skip
             return
         tokens, _ = front.counter.count(prompt)
         key, key_hash = prompt_key(prompt)
-        channel = ctx.channel
-        rid = channel.new_id()
         given = next((v for k, v in headers if k == b"x-request-id"), None)
         request_id = given.decode("latin-1") if given else f"gw-{os.urandom(8).hex()}"
+        now = ctx.clock()
+        rid, admitted = ctx.decider.admit(tokens, key_hash, key, request_id, bool(checked.stream))
         options = checked.stream_options
         req = LiveRequest(
             request_id=request_id, path=path, chat=chat, body=data, stream=checked.stream,
             usage=bool(options and options.include_usage),
             continuous=bool(options and options.continuous_usage_stats), prompt_tokens=tokens,
-            prompt_key=key, arrival=ctx.clock(), arrival_epoch=0.0, position=-1,
-            admitted=channel.admission(rid),
+            prompt_key=key, arrival=now, arrival_epoch=0.0, position=-1, admitted=admitted,
         )  # fmt: skip
-        channel.send(wire.ADMIT, rid, tokens, key_hash, key, request_id, bool(checked.stream))
         ex = Exchange(ctx, front.pool, self, req, rid)
         self.exchange = ex
         front.began(ex)
@@ -306,7 +319,7 @@ class Connection(asyncio.Protocol):
                 self._answered()
 
     async def _pass(self, method: bytes, url: bytes, headers: Headers, body: bytes) -> None:
-        """Anything but a completion is the decider's: passed whole to its app (a HEAD as a GET
+        """Anything but a completion is the gateway app's: passed whole to it (a HEAD as a GET
         whose body is not sent on: the decider's answer is read to its end either way)."""
         head_only = method == b"HEAD"
         head = [(b"GET" if head_only else method) + b" " + url + b" HTTP/1.1", b"host: 127.0.0.1", b"connection: close",

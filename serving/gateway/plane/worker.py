@@ -1,13 +1,13 @@
-"""One Protocol relay worker process (``python -m balanceroute.serving.gateway.plane.worker``,
-started by the split gateway's decider, :mod:`..split.decider`): it accepts clients on the
-listening socket every worker shares (:mod:`.front`) and moves their streams (:mod:`.exchange`),
-on uvloop.
+"""One relay worker process (``python -m balanceroute.serving.gateway.plane.worker``, started by
+the launcher for ``balanceroute gateway --relay-workers N``): it accepts clients on the
+listening socket every worker shares (:mod:`.front`), moves their streams (:mod:`.exchange`) on
+uvloop, and reaches the decider through its proxy (:mod:`.wire`).
 
 Its settings, the listening socket's descriptor and the decider's two socket paths come from the
-decider in :data:`~balanceroute.serving.gateway.split.worker.SPEC_ENV` (JSON), as the aiohttp
-worker's do. SIGTERM drains: it stops accepting, new requests on open connections get 503, the
-streams in flight get ``drain_timeout_s`` to finish and then end with an SSE error event (or a
-503 before their first token). If the decider goes away the worker drains and exits too.
+launcher in :data:`SPEC_ENV` (JSON). SIGTERM drains: it stops accepting, new requests on open
+connections get 503, the streams in flight get ``drain_timeout_s`` to finish and then end with
+an SSE error event (or a 503 before their first token). If the decider goes away the worker
+drains and exits too.
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ from typing import Any
 import uvloop
 
 from balanceroute.serving.gateway.plane.front import Connection, Front
+from balanceroute.serving.gateway.plane.request import PlaneContext
+from balanceroute.serving.gateway.plane.wire import DeciderProxy
 from balanceroute.serving.gateway.settings import GatewaySettings
-from balanceroute.serving.gateway.split.channel import DeciderChannel
-from balanceroute.serving.gateway.split.lean import WorkerContext
-from balanceroute.serving.gateway.split.worker import SPEC_ENV
 from balanceroute.serving.gateway.tokens import PromptCounter
 from balanceroute.serving.http.server import configure_logging
 
+SPEC_ENV = "_BALANCEROUTE_RELAY_SPEC"  # not BALANCEROUTE_*: the settings never read it
 GRACE_S = 3.0  # after the drain deadline, for the ended answers to be written
 
 
@@ -37,10 +37,10 @@ async def serve(spec: dict[str, Any], settings: GatewaySettings) -> None:
     """Accept and relay until SIGTERM or SIGINT (or the decider goes away), then drain."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    channel = DeciderChannel(spec["events"], stop.set)
-    ctx = WorkerContext(settings, channel, spec.get("upstream_key"))
+    proxy = DeciderProxy(spec["events"], stop.set)
+    ctx = PlaneContext(settings, proxy, spec.get("upstream_key"))
     front = Front(ctx, PromptCounter(settings.tokenizer), spec["control"])
-    await channel.open()
+    await proxy.open()
     listener = socket.socket(fileno=int(spec["fd"]))
     server = await loop.create_server(lambda: Connection(front), sock=listener, backlog=4096)
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -51,22 +51,12 @@ async def serve(spec: dict[str, Any], settings: GatewaySettings) -> None:
     server.close()
     ctx.drain.begin()
     front.close_idle()
-    over = loop.create_task(ctx.drain.over.wait())
-    quiet = loop.create_task(front.idle.wait())
-    await asyncio.wait({over, quiet}, return_when=asyncio.FIRST_COMPLETED)
-    if not front.idle.is_set():
-        front.drain_over()
-        try:
-            await asyncio.wait_for(front.idle.wait(), GRACE_S)
-        except TimeoutError:
-            pass
-    over.cancel()
-    quiet.cancel()
-    front.pool.close()
-    await channel.close()
+    await front.drained(GRACE_S)
+    await proxy.close()
 
 
 def main() -> None:
+    """The worker's entry point: its spec from the environment, then :func:`serve`."""
     spec = json.loads(os.environ.pop(SPEC_ENV))
     settings = GatewaySettings.model_validate(spec["settings"])
     configure_logging(settings)

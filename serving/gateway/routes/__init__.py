@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from balanceroute.serving.gateway.routes import admin, front, metrics, openai, probes
+from balanceroute.serving.gateway.routes import admin, group, probes
 
-ROUTERS = (probes.router, openai.router, admin.router, metrics.router, front.router)
+ROUTERS = (probes.router, admin.router, group.router)

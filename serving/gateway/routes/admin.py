@@ -1,9 +1,11 @@
-"""Operator endpoints (bearer token): model reload and the switchback's figures."""
+"""Operator endpoints (bearer token): model reload, the switchback's figures, and ``GET /metrics``
+(the gateway's Prometheus text, like ``serve``'s)."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from balanceroute.features.errors import UserError
 from balanceroute.serving.gateway.reload import RELOAD_FAILED, result_row
@@ -36,3 +38,15 @@ async def save_ab(request: Request) -> dict:
         return await request.app.state.gateway.save_ab()
     except UserError as exc:
         raise HTTPException(status_code=409, detail=str(exc)) from None
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    """Per rank running requests, KV load and health; imbalance, pool, waits, TTFT, TPOT,
+    decisions and router step time, fallbacks, re-routes, the live twins; labelled by arm."""
+    gw = request.app.state.gateway
+    gw.dispatcher.sample()
+    twins = gw.twins
+    process = twins.worker.status() if twins.enabled else None
+    gw.metrics.twins(twins.stats(), twins.worker.cpu_s, twins.comparison(), process)
+    return Response(generate_latest(gw.metrics.registry), media_type=CONTENT_TYPE_LATEST)

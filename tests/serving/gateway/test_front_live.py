@@ -1,8 +1,8 @@
 """What a front router asks a gateway, live: SGLang's ``/get_load`` (the group's running and
 waiting requests and KV tokens, one entry per rank), ``/get_server_info`` and
 ``/get_model_info`` (the ranks' model by name), ``--get-load load`` (vllm-router's shape), and
-the same paths through ``--front asgi`` (the default, ``--front protocol``, passes them to the
-decider's app)."""
+the same paths through a relay worker (``--relay-workers 1``), which passes them to the
+gateway's app as the front in one process does)."""
 
 from __future__ import annotations
 
@@ -54,13 +54,13 @@ def seen(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                                   "count-jsq", "--no-mlflow", "--get-load", "load",
                                   "--out", str(base / "gw2")))  # fmt: skip
         gws.append(GatewayProcess(base / "gw3.out", emu.urls, "--slots", str(SLOTS), "--router",
-                                  "count-jsq", "--no-mlflow", "--front", "asgi",
+                                  "count-jsq", "--no-mlflow", "--relay-workers", "1",
                                   "--out", str(base / "gw3")))  # fmt: skip
         gw = gws[0]
         out: dict[str, Any] = {"idle": gw.get("/get_load").json(),
                                "idle_load": gws[1].get("/get_load").json(),
-                               "idle_asgi": gws[2].get("/get_load").json(),
-                               "info_asgi": gws[2].get("/get_server_info")}  # fmt: skip
+                               "idle_workers": gws[2].get("/get_load").json(),
+                               "info_workers": gws[2].get("/get_server_info")}  # fmt: skip
         opened: list[int] = []
         loop = asyncio.new_event_loop()
         stop = asyncio.Event()
@@ -97,11 +97,11 @@ def test_an_idle_group_reports_no_load_in_either_shape(seen):
     assert [e["dp_rank"] for e in seen["idle"]] == list(range(RANKS))
     assert all(e["num_reqs"] == e["num_waiting_reqs"] == e["num_tokens"] == 0 for e in seen["idle"])
     assert seen["idle_load"] == {"load": 0}
-    assert seen["idle_asgi"] == seen["idle"]  # the ASGI front answers them itself
+    assert seen["idle_workers"] == seen["idle"]  # a relay worker passes them on too
 
 
-def test_the_asgi_front_answers_the_front_router_paths_too(seen):
-    info = seen["info_asgi"]
+def test_a_relay_worker_passes_the_front_router_paths_too(seen):
+    info = seen["info_workers"]
     assert info.status_code == 200
     assert info.json()["served_model_name"] == seen["models"]["data"][0]["id"]
 

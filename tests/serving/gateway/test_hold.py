@@ -11,10 +11,10 @@ import pytest
 
 from balanceroute.router.policies.specs import RouterSpec
 from balanceroute.serving.gateway.arms import Arm
+from balanceroute.serving.gateway.clock import ClockedGroup
 from balanceroute.serving.gateway.dispatch import Dispatcher
 from balanceroute.serving.gateway.metrics import GatewayMetrics
 from balanceroute.serving.gateway.settings import GatewaySettings
-from balanceroute.serving.gateway.split.clock import ClockedGroup
 from balanceroute.serving.gateway.state import LiveGroup
 from balanceroute.serving.gateway.switchback import Switchback
 
@@ -127,12 +127,12 @@ def test_a_quiet_hold_decides_once_nothing_asked_for_the_quiet_time() -> None:
             futs.append(d.waiter(p))
             d.arrived()
         now[0] = 0.025  # 0.02 after the first ask, 0.01 after the second: still held
-        d._held_decision()
+        d.timing.due()
         assert d.admitted == [] and not any(f.done() for f in futs)
         now[0] = 0.04  # quiet for 0.025 > 0.02, far before the hold's end (1.0)
-        d._held_decision()
+        d.timing.due()
         assert d.admitted == [2] and all(f.done() for f in futs)
-        assert d._hold_until is None
+        assert d.timing.until is None
 
     asyncio.run(scenario())
 
@@ -147,9 +147,9 @@ def test_a_quiet_hold_still_ends_at_the_hold() -> None:
             now[0] = 0.01 * i
             d.waiter(group.arrive(10, 20 + i, now[0]))
             d.arrived()
-            d._held_decision()
+            d.timing.due()
             assert d.admitted == ([] if i < 5 else [4])  # at 0.05, the hold's end: every free slot
-        assert group.pool.size == 2 and d._hold_until is None
+        assert group.pool.size == 2 and d.timing.until is None
 
     asyncio.run(scenario())
 
@@ -183,7 +183,7 @@ def test_a_burst_into_a_filling_group_is_held_after_its_first_request() -> None:
         burst = [arrive(1.002, 2), arrive(1.004, 3)]
         assert not any(f.done() for f in burst) and d.admitted == [1]
         now[0] = 1.0095  # 5.5 ms after the burst's last arrival
-        d._held_decision()
+        d.timing.due()
         assert all(f.done() for f in burst) and d.admitted == [1, 2]
         assert arrive(1.5, 4).done() and d.admitted == [1, 2, 1]
 
@@ -218,17 +218,17 @@ def test_a_step_hold_decides_the_steps_asks_together_just_before_it_ends() -> No
             now[0] = t
             futs.append(d.waiter(group.arrive(10 * key, key, t)))
             d.arrived()
-        assert d._hold_until == pytest.approx(1.035)
+        assert d.timing.until == pytest.approx(1.035)
         group.leave(first, 5, learn=True)
         d.wake()
         assert d.admitted == [] and not any(f.done() for f in futs)
         now[0] = 1.035
-        d._held_decision()
+        d.timing.due()
         assert d.admitted == [2] and all(f.done() for f in futs)
         now[0] = 1.037  # 3 ms before the step's tokens: too late for it
         d.waiter(group.arrive(40, 4, now[0]))
         d.arrived()
-        assert d._hold_until == pytest.approx(1.075) and d.admitted == [2]
+        assert d.timing.until == pytest.approx(1.075) and d.admitted == [2]
 
     asyncio.run(scenario())
 
@@ -248,7 +248,7 @@ def test_a_step_hold_without_a_phase_falls_back() -> None:
             fut = d.waiter(group.arrive(10, 9, now[0]))
             d.arrived()
             assert fut.done() == (hold == 0.0)
-            assert d._hold_until == (None if hold == 0.0 else pytest.approx(1.03))
+            assert d.timing.until == (None if hold == 0.0 else pytest.approx(1.03))
 
     asyncio.run(scenario())
 

@@ -9,8 +9,7 @@ import time
 import pytest
 from prometheus_client import generate_latest
 
-from balanceroute.serving.gateway.looplag import LoopLag
-from balanceroute.serving.gateway.metrics import GatewayMetrics
+from balanceroute.serving.gateway.metrics import GatewayMetrics, LoopLag
 
 
 def test_samples_are_clamped_at_zero_and_summarised():

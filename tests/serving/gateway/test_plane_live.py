@@ -1,5 +1,5 @@
-"""The Protocol data plane (``--relay-workers N --relay-plane protocol``, the default) with real
-processes: the stream passed through byte for byte, the usage chunk stripped when not asked for,
+"""The data plane (the Protocol front in one process, the default, and in a relay worker,
+``--relay-workers 1``) with real processes: the stream passed through byte for byte, the usage chunk stripped when not asked for,
 re-routing before the first token, the error event after it, a client that leaves frees its
 slot, the pass-through to the decider, the front's own answers (400, 401, 413, 408, 404)."""
 
@@ -23,13 +23,12 @@ from tests.serving.testbed.helpers import Emulator
 pytestmark = pytest.mark.server
 
 
-MODES = {"worker": ["--relay-workers", "1", "--relay-plane", "protocol"],
-         "inprocess": ["--front", "protocol"]}  # fmt: skip
+MODES = {"worker": ["--relay-workers", "1"], "inprocess": []}
 
 
 class PlaneGateway(GatewayProcess):
-    """``balanceroute gateway --relay-workers 1 --relay-plane protocol`` (or ``--front
-    protocol``: the same plane beside the decider, :data:`mode`)."""
+    """``balanceroute gateway --relay-workers 1`` (or no flag: the same plane beside the
+    decider, :data:`mode`)."""
 
     mode = "worker"
 

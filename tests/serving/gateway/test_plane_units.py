@@ -14,11 +14,10 @@ from hypothesis import strategies as st
 from balanceroute.serving.gateway.life import LiveRequest
 from balanceroute.serving.gateway.plane.exchange import Exchange, request_head
 from balanceroute.serving.gateway.plane.front import BadBody, check_body, parse_answer
-from balanceroute.serving.gateway.plane.upstream import RankPool
-from balanceroute.serving.gateway.relay import FINISHED
+from balanceroute.serving.gateway.plane.request import FINISHED, MARKERS, PlaneContext, matters
+from balanceroute.serving.gateway.plane.wire import DeciderProxy
 from balanceroute.serving.gateway.settings import GatewaySettings
-from balanceroute.serving.gateway.split.channel import DeciderChannel
-from balanceroute.serving.gateway.split.lean import MARKERS, WorkerContext, matters
+from balanceroute.serving.gateway.upstream import RankPool
 from balanceroute.serving.openai.assemble import Assembler
 from balanceroute.serving.openai.requests import CompletionBody
 
@@ -75,7 +74,7 @@ def relay(pieces: list[bytes], *, stream: bool, usage: bool, chat: bool
           ) -> tuple[Client, Exchange, str]:  # fmt: skip
     async def run() -> tuple[Client, Exchange, str]:
         loop = asyncio.get_running_loop()
-        ctx = WorkerContext(SETTINGS, DeciderChannel("/nowhere", lambda: None), None)
+        ctx = PlaneContext(SETTINGS, DeciderProxy("/nowhere", lambda: None), None)
         req = LiveRequest(request_id="r", path="/v1/completions", chat=chat, body={},
                           stream=stream, usage=usage, continuous=False, prompt_tokens=3,
                           prompt_key="k", arrival=0.0, arrival_epoch=0.0, position=-1,

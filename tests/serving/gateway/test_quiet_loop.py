@@ -17,14 +17,15 @@ import pytest
 
 from balanceroute.router.policies.specs import RouterSpec
 from balanceroute.serving.gateway.arms import Arm
+from balanceroute.serving.gateway.clock import ClockedGroup, EngineCounters
 from balanceroute.serving.gateway.dispatch import Dispatcher
 from balanceroute.serving.gateway.health import RankHealth
 from balanceroute.serving.gateway.life import NoRankInRotation, RequestLife, arrive
 from balanceroute.serving.gateway.metrics import GatewayMetrics
 from balanceroute.serving.gateway.settings import GatewaySettings
-from balanceroute.serving.gateway.split.clock import ClockedGroup, EngineCounters
 from balanceroute.serving.gateway.state import LiveGroup
 from balanceroute.serving.gateway.switchback import Switchback
+from balanceroute.serving.gateway.upstream import RankPool
 from tests.poll import until_async
 
 
@@ -141,7 +142,7 @@ def test_a_queued_request_still_gets_its_503_after_the_no_rank_wait(tmp_path: Pa
     """The only rank never answers: once the outage has lasted ``--no-rank-wait`` the queued
     request is refused (the deadline is the request's own, not the tick's), and at the stop
     ``OUT/ticks.parquet`` holds the samples, the waiting one among them."""
-    from balanceroute.serving.gateway.server import build_gateway
+    from balanceroute.serving.gateway.runtime import build_gateway
 
     async def scenario() -> None:
         settings = GatewaySettings(ranks=["http://127.0.0.1:9"], slots=1, router="count-jsq",
@@ -172,7 +173,7 @@ def test_health_checks_skip_the_ranks_that_serve() -> None:
     async def scenario() -> None:
         settings = GatewaySettings(ranks=[f"http://127.0.0.1:{9 + g}" for g in range(4)], slots=2)
         group = LiveGroup.sized(4, 2, 8)
-        health = RankHealth(settings, group, GatewayMetrics(), lambda: None)
+        health = RankHealth(settings, group, GatewayMetrics(), lambda: None, RankPool(settings).get)
         probed: list[int] = []
 
         async def check(rank: int) -> None:
@@ -200,7 +201,7 @@ def test_idle_ranks_step_counters_are_not_read_and_the_last_read_does_not_pair()
     busy read does not make a period over the idle spell."""
     group = ClockedGroup.sized(2, 2, 8)
     group.attach(lambda: 0.0)
-    counters = EngineCounters(group, lambda g: "", False, 1.0)
+    counters = EngineCounters(group, False, 1.0)
     group.clock.engine[0] = (100.0, 1.0, True)
     assert counters.idle(0) and group.clock.engine[0] == (100.0, 1.0, False)
     p = group.arrive(10, 1, 0.0)
@@ -215,7 +216,7 @@ def test_a_step_counter_that_moved_counts_as_the_rank_heard() -> None:
     is skipped); one whose counter stood still is not."""
     group = ClockedGroup.sized(2, 2, 8)
     group.attach(lambda: 0.0)
-    counters = EngineCounters(group, lambda g: "", False, 1.0)
+    counters = EngineCounters(group, False, 1.0)
     for g in range(2):
         group.start(group.arrive(10, g + 1, 0.0), g)
     page = "vllm:iteration_tokens_total_count {} {}\n"
@@ -256,8 +257,6 @@ def test_a_check_that_timed_out_while_the_gateway_stalled_is_not_counted(monkeyp
     its rotation when it wakes)."""
     import time as wall
 
-    import aiohttp
-
     from balanceroute.serving.gateway import health as health_module
 
     monkeypatch.setattr(health_module, "CHECK_TIMEOUT_S", 0.3)
@@ -270,19 +269,20 @@ def test_a_check_that_timed_out_while_the_gateway_stalled_is_not_counted(monkeyp
         server = await asyncio.start_server(silent, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         settings = GatewaySettings(ranks=[f"http://127.0.0.1:{port}"], slots=2)
-        health = RankHealth(settings, LiveGroup.sized(1, 2, 8), GatewayMetrics(), lambda: None)
+        pool = RankPool(settings)
+        health = RankHealth(settings, LiveGroup.sized(1, 2, 8), GatewayMetrics(), lambda: None,
+                            pool.get)  # fmt: skip
         try:
-            async with aiohttp.ClientSession() as session:
-                health.session = session
-                await health.check(0)  # the loop ran on time: a real timeout
-                assert health.fails[0] == 1 and health.unjudged == 0
-                task = asyncio.create_task(health.check(0))
-                await asyncio.sleep(0.1)  # the request is on the wire
-                wall.sleep(0.3 + 2 * health_module.LATE_LOOP_S + 0.3)  # the loop is blocked
-                await task
-                assert health.fails[0] == 1 and health.unjudged == 1
-                assert bool(health.group.healthy[0])
+            await health.check(0)  # the loop ran on time: a real timeout
+            assert health.fails[0] == 1 and health.unjudged == 0
+            task = asyncio.create_task(health.check(0))
+            await asyncio.sleep(0.1)  # the request is on the wire
+            wall.sleep(0.3 + 2 * health_module.LATE_LOOP_S + 0.3)  # the loop is blocked
+            await task
+            assert health.fails[0] == 1 and health.unjudged == 1
+            assert bool(health.group.healthy[0])
         finally:
+            pool.close()
             server.close()
             await server.wait_closed()
 

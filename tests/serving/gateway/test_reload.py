@@ -12,7 +12,7 @@ import pytest
 
 from balanceroute.predict.base import CompletedBatch
 from balanceroute.predict.model_store import load_file
-from balanceroute.serving.gateway.fanout import fan_out
+from balanceroute.serving.gateway.arms import fan_out
 from balanceroute.serving.gateway.settings import GatewaySettings
 from balanceroute.serving.lifecycle import renew as renew_module
 from tests.serving.lifecycle.test_renew import UNSEEN_KEY, c_of_the_key
@@ -27,7 +27,7 @@ def test_gateway_reload_replays_and_refuses_what_fails(
     from fastapi.testclient import TestClient
 
     from balanceroute.serving.gateway.app import create_gateway_app
-    from balanceroute.serving.gateway.server import build_gateway
+    from balanceroute.serving.gateway.runtime import build_gateway
 
     live = tmp_path / "live.joblib"
     shutil.copy(model_dir / "exactmatch.joblib", live)

@@ -22,8 +22,9 @@ from balanceroute.router.policies.specs import RouterSpec
 from balanceroute.router.policies.state import Admissions
 from balanceroute.serving.gateway.arms import Arm, Handle
 from balanceroute.serving.gateway.dispatch import Dispatcher, tick_table
+from balanceroute.serving.gateway.life import LiveRequest
 from balanceroute.serving.gateway.metrics import GatewayMetrics
-from balanceroute.serving.gateway.relay import LiveRequest, Relay, upstream_body
+from balanceroute.serving.gateway.plane.request import Stream, rank_body, read_event
 from balanceroute.serving.gateway.settings import GatewaySettings
 from balanceroute.serving.gateway.state import LiveGroup
 from balanceroute.serving.gateway.switchback import Switchback, difference_by_block
@@ -314,12 +315,12 @@ def test_warmup_is_left_out_and_the_paired_interval_is_a_t_interval() -> None:
 # ---- streams, prompts, settings ----------------------------------------------------------------
 
 
-def _relay(stream: bool, usage: bool, continuous: bool) -> Relay:
+def _request(stream: bool, usage: bool, continuous: bool) -> LiveRequest:
     loop = asyncio.new_event_loop()
     req = LiveRequest("r", "/v1/completions", False, {}, stream, usage, continuous, 3, "k", 0.0,
                       0.0, 0, loop.create_future())  # fmt: skip
     loop.close()
-    return Relay(None, req)  # type: ignore[arg-type]
+    return req
 
 
 def _chunk(obj: dict) -> bytes:
@@ -327,27 +328,25 @@ def _chunk(obj: dict) -> bytes:
 
 
 def test_usage_the_client_did_not_ask_for_is_stripped_and_tokens_counted() -> None:
-    from balanceroute.serving.gateway.relay import Stream
-
     tok = {"id": "c", "choices": [{"index": 0, "text": " a", "finish_reason": None}],
            "usage": {"prompt_tokens": 4, "completion_tokens": 2}}  # fmt: skip
     final = {"id": "c", "choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 2}}
-    plain = _relay(True, False, False)
+    plain = _request(True, False, False)
     st_ = Stream()
-    out = plain._event(_chunk(tok), st_, 1.0)
+    out = read_event(plain, _chunk(tok), st_, 1.0)
     assert out is not None and b"usage" not in out and b'" a"' in out
-    assert plain._event(_chunk(final), st_, 1.0) is None
+    assert read_event(plain, _chunk(final), st_, 1.0) is None
     assert st_.tokens == 2 and st_.usage_prompt == 4 and st_.chunks == 1
-    wants = _relay(True, True, True)
-    assert wants._event(_chunk(tok), Stream(), 1.0) == _chunk(tok) + b"\n\n"
-    assert wants._event(_chunk(final), Stream(), 1.0) == _chunk(final) + b"\n\n"
-    assert plain._event(b"data: [DONE]", st_, 2.0) == b"data: [DONE]\n\n" and st_.done
+    wants = _request(True, True, True)
+    assert read_event(wants, _chunk(tok), Stream(), 1.0) == _chunk(tok) + b"\n\n"
+    assert read_event(wants, _chunk(final), Stream(), 1.0) == _chunk(final) + b"\n\n"
+    assert read_event(plain, b"data: [DONE]", st_, 2.0) == b"data: [DONE]\n\n" and st_.done
 
 
-def test_upstream_body_always_streams_with_usage_in_every_chunk() -> None:
-    body = orjson.loads(upstream_body({"prompt": "x", "stream_options": {"include_usage": False}}))
+def test_the_rank_body_always_streams_with_the_final_usage_chunk() -> None:
+    body = orjson.loads(rank_body({"prompt": "x", "stream_options": {"include_usage": False}}))
     assert body["stream"] is True
-    assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    assert body["stream_options"] == {"include_usage": True}
 
 
 def test_a_local_tokenizer_counts_exactly(tmp_path) -> None:
@@ -439,7 +438,7 @@ def test_every_endpoint_but_the_probes_needs_the_token() -> None:
     from fastapi.testclient import TestClient
 
     from balanceroute.serving.gateway.app import create_gateway_app
-    from balanceroute.serving.gateway.server import build_gateway
+    from balanceroute.serving.gateway.runtime import build_gateway
 
     token = "s3cret-token-of-24-chars"
     settings = GatewaySettings(
@@ -447,9 +446,7 @@ def test_every_endpoint_but_the_probes_needs_the_token() -> None:
     )
     app = create_gateway_app(build_gateway(settings))
     with TestClient(app, base_url="http://127.0.0.1") as client:
-        calls = [
-            ("POST", "/v1/completions", {"prompt": "x"}),
-            ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}),
+        calls = [  # the completion routes are the front's (test_plane_live checks their 401)
             ("GET", "/v1/models", None),
             ("GET", "/metrics", None),
             ("GET", "/v1/ab", None),

@@ -1,4 +1,5 @@
-"""What a front router asks a gateway (README, "Several groups"): SGLang's ``GET /get_load``,
+"""What a client or a front router asks about the group (README, "Several groups"):
+``GET /v1/models`` (the models the first rank in rotation lists), SGLang's ``GET /get_load``,
 ``/get_server_info`` and ``/get_model_info`` (and their newer names ``/server_info``,
 ``/model_info``), so a peer router in front of several groups balances them on their load and
 registers their model by name.
@@ -21,12 +22,36 @@ import numpy as np
 import orjson
 from fastapi import APIRouter, Request, Response
 
-from balanceroute.serving.gateway.routes.openai import listed_models
 from balanceroute.serving.gateway.runtime import Gateway
+from balanceroute.serving.http.auth import Authorized
 from balanceroute.serving.openai.responses import error_body
 
-router = APIRouter(tags=["front router"])
+router = APIRouter(tags=["group"])
 JSON = "application/json"
+
+
+async def listed_models(gw: Gateway) -> bytes | None:
+    """``/v1/models`` of the first rank in rotation that answers it (None: none does)."""
+    for g in range(gw.group.ranks):
+        if not gw.group.healthy[g]:
+            continue
+        try:
+            status, content = await gw.probes.get(g, "/v1/models", gw.upstream_headers(g, "models"),
+                                                  gw.settings.connect_timeout_s)  # fmt: skip
+        except (OSError, TimeoutError):
+            continue
+        if status == 200:
+            return content
+    return None
+
+
+@router.get("/v1/models", dependencies=[Authorized])
+async def models(request: Request) -> Response:
+    """The models the first rank in rotation lists (503 when none is)."""
+    content = await listed_models(request.app.state.gateway)
+    if content is not None:
+        return Response(content, 200, media_type=JSON)
+    return Response(error_body(503, "no rank in rotation answers /v1/models"), 503, media_type=JSON)
 
 
 def load_entries(gw: Gateway) -> list[dict[str, int]]:

@@ -1,4 +1,4 @@
-"""Age from the clock (``gateway/split/clock.py``): the decider's estimate of every running
+"""Age from the clock (``gateway/clock.py``): the decider's estimate of every running
 request's age from first tokens and finishes alone, on exact synthetic clocks (a property) and
 against a real emulator's iteration log (the ground truth of every token)."""
 
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from balanceroute.serving.gateway.split.clock import (
+from balanceroute.serving.gateway.clock import (
     ClockedGroup,
     IterationClock,
     StepPhase,

@@ -24,7 +24,6 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-import aiohttp
 import numpy as np
 
 from balanceroute.serving.gateway.health import Fetch
@@ -286,10 +285,8 @@ class EngineCounters:
     """Reads each rank's step counter from its ``/metrics`` every ``interval_s`` into the
     ranks' clocks; a rank whose engine does not publish it is read no more."""
 
-    def __init__(self, group: ClockedGroup, url_of: Callable[[int], str], header_mode: bool,
-                 interval_s: float) -> None:  # fmt: skip
+    def __init__(self, group: ClockedGroup, header_mode: bool, interval_s: float) -> None:
         self.group = group
-        self.url_of = url_of
         self.header_mode = header_mode
         self.interval_s = interval_s
         self.absent: set[int] = set()
@@ -297,7 +294,7 @@ class EngineCounters:
     def read(self, rank: int, text: str, t: float) -> bool:
         """One ``/metrics`` page of ``rank`` read at ``t``; False when it has no counter. A
         counter that moved since the last read is the engine stepping: the rank is heard, so
-        the health round need not probe it (as a streamed token, :mod:`..health`)."""
+        the health round need not probe it (as a streamed token, :mod:`.health`)."""
         steps = engine_steps(text, rank if self.header_mode else None)
         if steps is None:
             return False
@@ -317,27 +314,22 @@ class EngineCounters:
             self.group.clock.engine[rank] = (last[0], last[1], False)
         return True
 
-    async def run(self, session: aiohttp.ClientSession, fetch: Fetch | None = None) -> None:
+    async def run(self, fetch: Fetch) -> None:
         """Read the counter of every rank with requests running each interval until cancelled
-        (through ``fetch`` when given, the ranks' kept-alive connections; else ``session``),
-        the ranks' reads at once: their answers wake the loop together, not one by one."""
+        (through ``fetch``, the ranks' kept-alive connections), the ranks' reads at once: their
+        answers wake the loop together, not one by one."""
         while True:
             ranks = [g for g in range(self.group.ranks) if g not in self.absent and not self.idle(g)]
             if ranks:
-                await asyncio.gather(*(self._read_one(g, session, fetch) for g in ranks))
+                await asyncio.gather(*(self._read_one(g, fetch) for g in ranks))
             await asyncio.sleep(self.interval_s)
 
-    async def _read_one(self, g: int, session: aiohttp.ClientSession, fetch: Fetch | None) -> None:
+    async def _read_one(self, g: int, fetch: Fetch) -> None:
         try:
-            if fetch is not None:
-                status, body = await fetch(g, "/metrics", {}, READ_TIMEOUT_S)
-                text = body.decode("utf-8", "replace") if status == 200 else ""
-            else:
-                timeout = aiohttp.ClientTimeout(total=READ_TIMEOUT_S)
-                async with session.get(self.url_of(g) + "/metrics", timeout=timeout) as resp:
-                    text = await resp.text() if resp.status == 200 else ""
-        except (aiohttp.ClientError, OSError, TimeoutError):
+            status, body = await fetch(g, "/metrics", {}, READ_TIMEOUT_S)
+        except (OSError, TimeoutError):
             return  # health checks deal with a rank that does not answer
+        text = body.decode("utf-8", "replace") if status == 200 else ""
         if not self.read(g, text, self.group.clock_fn()):
             log.info("rank %d publishes no step counter: its clock follows the finishes", g)
             self.absent.add(g)

@@ -1,0 +1,203 @@
+"""Start a gateway: its app, its decider, and the data plane in this process or in N relay
+worker processes (``--relay-workers N``), until SIGINT or SIGTERM.
+
+The client port is opened once. With no relay workers the Protocol front (:mod:`.plane.front`)
+accepts on it on this process's event loop and calls the decider directly (on two cores one
+process beats two: no event crosses a socket, no second event loop competes for a core). With N
+relay workers each accepts on the same socket in turn and reaches the decider through its proxy
+(:mod:`.plane.wire`); a worker that dies is started again (its requests leave the group at
+once), and connections the kernel queued wait for the other workers. Either way the gateway's
+own app (probes, ``/metrics``, ``/v1/ab``, reload, models) listens on a Unix socket the front
+passes those paths to.
+
+SIGTERM drains: new requests get 503, the streams in flight get ``drain_timeout_s`` to finish,
+then end with an SSE error event; the decider keeps deciding until they have.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from balanceroute.serving.gateway.app import create_gateway_app
+from balanceroute.serving.gateway.decider import Decider
+from balanceroute.serving.gateway.plane.front import Connection, Front
+from balanceroute.serving.gateway.plane.request import PlaneContext
+from balanceroute.serving.gateway.plane.wire import Links
+from balanceroute.serving.gateway.plane.worker import SPEC_ENV
+from balanceroute.serving.gateway.runtime import UPSTREAM_KEY_ENV, Gateway
+from balanceroute.serving.gateway.settings import GatewaySettings
+from balanceroute.serving.http.server import configure_logging, serve
+
+log = logging.getLogger("balanceroute.gateway")
+GRACE_S = 3  # after the drain deadline: the cut streams' last events and the shutdown itself
+RESPAWN_S = 1.0  # a worker is started at most this often
+WORKER = [sys.executable, "-m", "balanceroute.serving.gateway.plane.worker"]
+
+
+class Local:
+    """No relay workers: the Protocol front on this process's loop, calling the decider."""
+
+    def __init__(self, gw: Gateway, decider: Decider, listener: socket.socket, control: str) -> None:
+        self.listener = listener
+        self.ctx = PlaneContext(gw.settings, decider, gw.upstream_key, gw.drain)
+        self.front = Front(self.ctx, gw.counter, control)
+        self.server: asyncio.base_events.Server | None = None
+
+    async def start(self) -> None:
+        """Accept clients on the shared socket."""
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_server(lambda: Connection(self.front),
+                                               sock=self.listener, backlog=4096)  # fmt: skip
+
+    def begin_drain(self) -> None:
+        """Shutdown began: stop accepting, 503 to new requests, the streams drain."""
+        self.ctx.drain.begin()
+        if self.server is not None:
+            self.server.close()
+        self.front.close_idle()
+
+    async def stop(self) -> None:
+        """Wait for the streams (the drain deadline, then they end themselves)."""
+        await self.front.drained(GRACE_S)
+
+
+class Workers:
+    """N relay worker processes on the shared socket, their lines to the decider, and their
+    restarts."""
+
+    def __init__(self, gw: Gateway, decider: Decider, listener: socket.socket, folder: str) -> None:
+        self.gw = gw
+        self.listener = listener
+        self.events = os.path.join(folder, "events.sock")
+        self.control = os.path.join(folder, "control.sock")
+        self.links = Links(decider)
+        self.procs: list[subprocess.Popen | None] = [None] * gw.settings.relay_workers
+        self.stopping = False
+        self.restarts = 0
+        self._watch: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        """Listen for the workers' lines, start them, and watch them."""
+        await self.links.start(self.events)
+        for i in range(len(self.procs)):
+            self._spawn(i)
+        self._watch = asyncio.get_running_loop().create_task(self._supervise())
+
+    def _spawn(self, index: int) -> None:
+        """Start worker ``index`` with its spec (settings, the socket, the decider's paths)."""
+        s = self.gw.settings
+        data = s.model_dump(mode="json")
+        data["api_token"] = s.token
+        spec = {"settings": data, "fd": self.listener.fileno(), "events": self.events,
+                "control": self.control, "index": index, "upstream_key": self.gw.upstream_key}  # fmt: skip
+        env = {**os.environ, SPEC_ENV: json.dumps(spec)}
+        env.pop(UPSTREAM_KEY_ENV, None)
+        self.procs[index] = subprocess.Popen(WORKER, env=env, pass_fds=(self.listener.fileno(),))
+
+    async def _supervise(self) -> None:
+        """Start again any worker that died (checked every tenth of a health interval; a worker
+        is started at most once a second, so one that cannot start does not spin)."""
+        every = max(0.05, self.gw.settings.health_interval_s / 10)
+        loop = asyncio.get_running_loop()
+        started = [loop.time()] * len(self.procs)
+        while not self.stopping:
+            await asyncio.sleep(every)
+            for i, proc in enumerate(self.procs):
+                if proc is None or proc.poll() is None or self.stopping:
+                    continue
+                if loop.time() - started[i] < RESPAWN_S:
+                    continue
+                log.warning("relay worker %d (pid %d) exited with %s: starting it again", i,
+                            proc.pid, proc.returncode)  # fmt: skip
+                self.restarts += 1
+                started[i] = loop.time()
+                self._spawn(i)
+
+    def begin_drain(self) -> None:
+        """Shutdown began: the workers drain their streams (the decider keeps deciding)."""
+        self.stopping = True
+        self.gw.drain.begin()
+        for proc in self.procs:
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+
+    async def stop(self) -> None:
+        """Wait for the workers to finish (the drain deadline and a grace), then close."""
+        self.stopping = True
+        if self._watch is not None:
+            self._watch.cancel()
+        loop = asyncio.get_running_loop()
+        end = loop.time() + self.gw.settings.drain_timeout_s + GRACE_S + 2
+        for proc in self.procs:
+            if proc is None:
+                continue
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+            while proc.poll() is None and loop.time() < end:
+                await asyncio.sleep(0.05)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        self.links.close()
+
+
+def listen(settings: GatewaySettings) -> socket.socket:
+    """The client port, opened once (relay workers inherit it)."""
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((settings.host, settings.port))
+    listener.listen(4096)
+    listener.set_inheritable(True)
+    return listener
+
+
+def run(settings: GatewaySettings, gw: Gateway) -> None:
+    """Serve ``gw`` with ``settings.relay_workers`` relay workers (0: the front in this
+    process) until SIGTERM or SIGINT."""
+    configure_logging(settings)
+    listener = listen(settings)
+    folder = tempfile.mkdtemp(prefix="balanceroute-gateway-")
+    decider = Decider(gw)
+    if settings.relay_workers:
+        plane: Local | Workers = Workers(gw, decider, listener, folder)
+        control = plane.control
+    else:
+        control = os.path.join(folder, "control.sock")
+        plane = Local(gw, decider, listener, control)
+    app = create_gateway_app(gw)
+    inner = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        async with inner(app):
+            await plane.start()
+            try:
+                yield
+            finally:
+                await plane.stop()
+
+    app.router.lifespan_context = lifespan
+    log.warning("gateway on port %d: %s, its app on %s", listener.getsockname()[1],
+                f"{settings.relay_workers} relay workers" if settings.relay_workers
+                else "the Protocol front in this process", control)  # fmt: skip
+    try:
+        serve(app, settings, collect=True, uds=control, on_shutdown=plane.begin_drain,
+              timeout_graceful_shutdown=int(settings.drain_timeout_s) + GRACE_S)  # fmt: skip
+    finally:
+        listener.close()
+        with contextlib.suppress(OSError):
+            shutil.rmtree(folder)

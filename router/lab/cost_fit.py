@@ -5,8 +5,12 @@ step, rank). The target is the group step's duration, the time between consecuti
 ends (the last rank's end), not a pass's own start-to-end: a group step costs the group
 everything from one barrier to the next, the scheduling, sampling and output handling between
 passes included, and that interval is what the emulator's and the simulator's step stands for.
-The regressors are the largest KV tokens and the largest prompt tokens of any rank in the step
-(``max_g L_g``, ``max_g P_g``), and the coefficients are non-negative least squares.
+The first fit regresses on the largest KV tokens and the largest prompt tokens of any rank in
+the step (``max_g L_g``, ``max_g P_g``), non-negative least squares. The model's step is
+``max_g (t_token L_g + t_prefill P_g)``, not the sum of the two maxima (they differ when one
+rank prefills and another holds the most KV), so the fit is refined: regress on the ``L_g``
+and ``P_g`` of the rank the current coefficients make the slowest, until that rank stops
+changing, keeping whichever coefficients fit the model's own formula best.
 
 Steps left out: the first (no previous end; the engine warms up), those where no rank ran a
 real pass (the group idling in dummy passes after its work), and those after an idle spell
@@ -30,6 +34,7 @@ from balanceroute.features.errors import UserError
 from balanceroute.router.lab.cost import DEFAULT_PREFILL_CHUNK, CostModel
 
 MIN_STEPS = 3  # three coefficients
+REFINE_ROUNDS = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,12 +113,7 @@ def fit_cost(
     if k < MIN_STEPS:
         raise UserError(f"{source or 'steps'}: {k} usable group steps, need {MIN_STEPS} to fit")
     y = table.duration_s
-    design = np.column_stack(
-        (np.ones(k), table.kv_tokens.max(axis=1), table.prefill_tokens.max(axis=1))
-    )
-    scale = np.maximum(np.abs(design).max(axis=0), 1.0)  # columns of like size for nnls
-    coef, _ = nnls(design / scale, y)
-    coef = coef / scale
+    coef = _refined(table)
     if coef[0] <= 0 and coef[1] <= 0:
         raise UserError(f"{source or 'steps'}: the fit gave a step that takes no time")
     cost = CostModel(
@@ -136,3 +136,37 @@ def fit_cost(
         max_prefill_tokens=int(table.prefill_tokens.max()) if k else 0,
         source=source,
     )
+
+
+def _nnls(kv: np.ndarray, prefill: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Non-negative ``(t_fixed, t_token, t_prefill)`` for ``y ~ t_fixed + t_token kv + ...``."""
+    design = np.column_stack((np.ones(y.shape[0]), kv, prefill))
+    scale = np.maximum(np.abs(design).max(axis=0), 1.0)  # columns of like size for nnls
+    coef, _ = nnls(design / scale, y)
+    return coef / scale
+
+
+def _sse(coef: np.ndarray, table: GroupSteps) -> float:
+    """Squared error of the model's own step formula with ``coef``."""
+    work = coef[1] * table.kv_tokens + coef[2] * table.prefill_tokens
+    return float(((coef[0] + work.max(axis=1) - table.duration_s) ** 2).sum())
+
+
+def _refined(table: GroupSteps) -> np.ndarray:
+    """The max-over-ranks fit, then refits on the slowest rank's tokens while that improves."""
+    kv, pf, y = table.kv_tokens, table.prefill_tokens, table.duration_s
+    best = _nnls(kv.max(axis=1), pf.max(axis=1), y)
+    best_sse = _sse(best, table)
+    rows = np.arange(y.shape[0])
+    slowest = None
+    coef = best
+    for _ in range(REFINE_ROUNDS):
+        g = np.argmax(coef[1] * kv + coef[2] * pf, axis=1)
+        if slowest is not None and np.array_equal(g, slowest):
+            break
+        slowest = g
+        coef = _nnls(kv[rows, g], pf[rows, g], y)
+        sse = _sse(coef, table)
+        if sse < best_sse:
+            best, best_sse = coef, sse
+    return best

@@ -56,7 +56,7 @@ class CostModel:
         if sum(values[:3]) <= 0:
             raise UserError("an iteration must take some time: t_fixed + t_token + t_comm > 0")
         chunk = self.prefill_chunk_tokens
-        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        if isinstance(chunk, bool) or not isinstance(chunk, int | np.integer) or chunk < 1:
             raise UserError(f"prefill chunk must be a whole number of tokens >= 1, got {chunk!r}")
 
     @property

@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from balanceroute.cli import main
+from balanceroute.cli import build_parser, main
+from balanceroute.cli.emulate import config_from_args
 from balanceroute.features.errors import UserError
 from balanceroute.router.lab.cost import (
     CostModel,
@@ -146,3 +147,10 @@ def test_cli_fits_writes_and_simulate_takes_the_file(tmp_path, capsys):
     assert summary["config"]["cost"]["t_prefill_s"] == pytest.approx(printed["t_prefill_s"])
     assert main([*args, "--cost", str(tmp_path / "nope.json"), "--out", str(sim / "x")]) == 2
     assert "neither a preset" in capsys.readouterr().err
+
+
+def test_emulate_takes_a_cost_file(tmp_path):
+    path = write_cost_file(tmp_path / "cost.json", TRUE)
+    argv = ["emulate", "--cost", str(path), "--ranks", "2"]
+    config = config_from_args(build_parser(argv).parse_args(argv))
+    assert config.cost == TRUE and config.cost_name == str(path)

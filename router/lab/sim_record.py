@@ -27,6 +27,7 @@ class Recorder:
         }
 
     def flush(self) -> None:
+        """Reduce the buffered rows into the parts."""
         j = self.j
         if j == 0:
             return
@@ -53,7 +54,9 @@ class Recorder:
         if loads is not None:
             p["loads"].append(loads)
 
-    def add_span(self, path: np.ndarray, mx: np.ndarray, wait: np.ndarray, start: np.ndarray):
+    def add_span(
+        self, path: np.ndarray, mx: np.ndarray, wait: np.ndarray, start: np.ndarray
+    ) -> None:
         """Record a whole span of iterations computed at once."""
         self.flush()
         tot = path.sum(axis=1)
@@ -62,6 +65,7 @@ class Recorder:
         )
 
     def result(self, end_time: float) -> dict[str, np.ndarray | None]:
+        """Every record, concatenated; ``start`` ends with ``end_time``."""
         self.flush()
         p = self.parts
         cat = {k: (np.concatenate(v) if v else np.zeros(0)) for k, v in p.items() if k != "loads"}

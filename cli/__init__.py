@@ -51,6 +51,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "balanceroute.cli.bench",
         "replay a trace against OpenAI-compatible endpoints and measure it",
     ),
+    "cost": ("balanceroute.cli.cost", "fit the iteration cost model to an engine's step logs"),
     "gateway": (
         "balanceroute.cli.gateway",
         "BalanceRoute live: an OpenAI-compatible gateway in front of the decode ranks",

@@ -7,12 +7,13 @@ import os
 import sys
 
 from balanceroute.cli.options import (
+    add_cost_arg,
     add_workload_args,
     positive_float,
     positive_int,
     workload_from_args,
 )
-from balanceroute.router.lab.cost import COST_PRESETS
+from balanceroute.router.lab.cost import resolve_cost
 from balanceroute.serving.testbed.bench.plan import ENDPOINTS, PROMPT_FORMATS
 from balanceroute.serving.testbed.bench.run import BenchConfig, run_bench
 
@@ -49,7 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--ranks", type=positive_int, help="--load: decode ranks (default: number of --url)"
     )
     p.add_argument("--slots", type=positive_int, default=32, help="--load: slots per rank (32)")
-    p.add_argument("--cost", default="paper-dsv3", choices=sorted(COST_PRESETS), help="--load")
+    add_cost_arg(p, help_="--load: the cost model, a preset or a cost file (%(default)s)")
     p.add_argument(
         "--time-scale",
         type=positive_float,
@@ -91,6 +92,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run the benchmark and print its headline figures."""
+    resolve_cost(args.cost)  # a bad --cost is an error before anything is sent
     config = BenchConfig(
         urls=tuple(args.urls),
         out_dir=args.out,

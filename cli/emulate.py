@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from balanceroute.cli.options import positive_float, positive_int
-from balanceroute.router.lab.cost import COST_PRESETS, cost_preset
+from balanceroute.cli.options import add_cost_arg, positive_float, positive_int
+from balanceroute.router.lab.cost import resolve_cost
 from balanceroute.serving.testbed.emulator.config import (
     DEFAULT_MODEL,
     GET_LOAD_SHAPES,
@@ -27,7 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "not), GET /v1/models, /health and /metrics (vLLM metric names), and what the peer "
         "routers ask an engine for (SGLang's /get_load, /get_server_info, /get_model_info; "
         "vLLM's POST /v1/completions/render). Iteration k lasts "
-        "t_fixed + t_token * max_g L_g(k) (the cost preset) divided by the time scale. Stop "
+        "t_fixed + max_g (t_token * L_g(k) + t_prefill * P_g(k)) (--cost; P_g: prompt tokens "
+        "computed, with t_prefill > 0 in a fitted cost file) divided by the time scale. Stop "
         "with Ctrl-C or SIGTERM; --log DIR then holds the iteration and request logs.",
     )
     p.add_argument(
@@ -36,9 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--slots", type=positive_int, default=32, help="B: running requests per rank (32)"
     )
-    p.add_argument(
-        "--cost", default="paper-dsv3", choices=sorted(COST_PRESETS), help="iteration cost model"
-    )
+    add_cost_arg(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
     p.add_argument("--port-base", type=int, default=9000, help="port of rank 0 (9000)")
     p.add_argument(
@@ -95,7 +94,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         ranks=args.ranks,
         slots=args.slots,
         cost_name=args.cost,
-        cost=cost_preset(args.cost),
+        cost=resolve_cost(args.cost),
         time_scale=args.time_scale,
         seed=args.seed,
         host=args.host,

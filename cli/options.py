@@ -27,7 +27,7 @@ from balanceroute.features.constants import MAX_HORIZON, MAX_SLOTS, MAX_WORKERS
 from balanceroute.features.loaders import AUTO, FORMATS
 from balanceroute.features.synthetic import PRESETS
 from balanceroute.features.workload import WorkloadSpec
-from balanceroute.router.lab.cost import COST_PRESETS, cost_preset
+from balanceroute.router.lab.cost import COST_PRESETS, CostModel, resolve_cost
 from balanceroute.router.lab.prefill import PrefillConfig
 from balanceroute.router.policies.balance_config import BalanceRouteConfig
 
@@ -380,7 +380,7 @@ def add_tier_args(parser: argparse.ArgumentParser) -> None:
         help="arrivals at X times the estimated decode capacity",
     )
     load.add_argument("--saturate", action="store_true", help="release everything at t=0")
-    g.add_argument("--cost", default="paper-dsv3", choices=sorted(COST_PRESETS))
+    add_cost_arg(g)
     g.add_argument(
         "--t-fixed", type=non_negative_float, help="override the preset's fixed step time (s)"
     )
@@ -401,9 +401,20 @@ def prefill_instances(text: str) -> int:
     return 0 if text.strip().lower() == "auto" else bounded_int(1, 4096)(text)
 
 
-def cost_from_args(args: argparse.Namespace):
-    """The cost model: the preset with any overrides."""
-    base = cost_preset(args.cost)
+COST_HELP = (
+    "iteration cost model: a preset (" + ", ".join(sorted(COST_PRESETS)) + ") or a cost file "
+    "(JSON, written by balanceroute cost fit); default %(default)s"
+)
+
+
+def add_cost_arg(parser: argparse.ArgumentParser | Any, help_: str = COST_HELP) -> None:
+    """``--cost NAME|FILE`` (resolved by :func:`resolve_cost` when the command runs)."""
+    parser.add_argument("--cost", default="paper-dsv3", metavar="NAME|FILE", help=help_)
+
+
+def cost_from_args(args: argparse.Namespace) -> CostModel:
+    """The cost model: the preset or cost file with any overrides."""
+    base = resolve_cost(args.cost)
     return dataclasses.replace(
         base,
         t_fixed_s=base.t_fixed_s if args.t_fixed is None else args.t_fixed,

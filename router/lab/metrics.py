@@ -97,9 +97,10 @@ def _steady_throughput(result: SimResult, steady: np.ndarray) -> float | None:
 
 
 def _running_per_iteration(result: SimResult) -> np.ndarray:
-    """Requests in service in each iteration (each produces one token)."""
+    """Requests emitting a token in each iteration (prefilling ones do not)."""
     k = result.iterations
     delta = np.zeros(k + 1, dtype=np.int64)
-    np.add.at(delta, result.admit_iter, 1)
-    np.add.at(delta, np.minimum(result.admit_iter + result.output_tokens, k), -1)
+    first = result.first_iter
+    np.add.at(delta, first, 1)
+    np.add.at(delta, np.minimum(first + result.output_tokens, k), -1)
     return np.cumsum(delta)[:k]

@@ -6,6 +6,13 @@ the policy admits. Loads after admission define the imbalance and, through the c
 the iteration's duration. Iterations with nothing to decide (no completion, no admission
 possible) are advanced in one vectorized span. When the tier is empty and the pool is empty,
 the clock jumps to the next release; such idle time is not an iteration.
+
+Colocated prefill (``cost.t_prefill_s > 0``, ``router/lab/cost.py``): each worker computes the
+prompts admitted to it first come first served, at most ``prefill_chunk_tokens`` a step, and
+the step costs ``t_fixed + t_comm + max_g (t_token L_g + t_prefill P_g)``. A request emits its
+first token in the step that computes its last prompt token, and none before; its KV load
+counts its whole prompt from admission, as the routers count it. No span is taken while a
+prompt is being computed.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import numpy as np
 
 from balanceroute.router.lab.cost import CostModel
 from balanceroute.router.lab.prefill import ReleasedRequests
+from balanceroute.router.lab.sim_record import Recorder
 from balanceroute.router.policies.admission import admission_violation
 from balanceroute.router.policies.policy import Policy, RunContext
 from balanceroute.router.policies.state import RouterState, RunningRequests
@@ -66,6 +74,7 @@ class SimResult:
     router_ns: np.ndarray  # int64 per routing call
     sim_wall_s: float
     extras: dict[str, Any] = field(default_factory=dict)
+    prefill_steps: np.ndarray | None = None  # int64 per request: steps before its first token's
 
     @property
     def iterations(self) -> int:
@@ -76,78 +85,15 @@ class SimResult:
         return self.t_start[self.admit_iter]
 
     @property
+    def first_iter(self) -> np.ndarray:
+        """Iteration that emits each request's first token (its admission's, without prefill)."""
+        return (
+            self.admit_iter if self.prefill_steps is None else self.admit_iter + self.prefill_steps
+        )
+
+    @property
     def finish_s(self) -> np.ndarray:
-        return self.t_start[self.admit_iter + self.output_tokens]
-
-
-class _Recorder:
-    """Per-iteration records, kept as a buffer of worker-load rows reduced a chunk at a time."""
-
-    CHUNK = 4096
-
-    def __init__(self, workers: int, record_loads: bool) -> None:
-        self.workers = workers
-        self.record_loads = record_loads
-        self.buf = np.empty((self.CHUNK, workers))
-        self.wait = np.empty(self.CHUNK, dtype=np.int64)
-        self.start = np.empty(self.CHUNK)
-        self.j = 0
-        self.parts: dict[str, list[np.ndarray]] = {
-            "imb": [],
-            "mx": [],
-            "tot": [],
-            "wait": [],
-            "start": [],
-            "loads": [],
-        }
-
-    def flush(self) -> None:
-        j = self.j
-        if j == 0:
-            return
-        rows = self.buf[:j]
-        mx = rows.max(axis=1)
-        tot = rows.sum(axis=1)
-        self._append(
-            self.workers * mx - tot,
-            mx,
-            tot,
-            self.wait[:j].copy(),
-            self.start[:j].copy(),
-            rows.copy() if self.record_loads else None,
-        )
-        self.j = 0
-
-    def _append(self, imb, mx, tot, wait, start, loads) -> None:
-        p = self.parts
-        p["imb"].append(imb)
-        p["mx"].append(mx)
-        p["tot"].append(tot)
-        p["wait"].append(wait)
-        p["start"].append(start)
-        if loads is not None:
-            p["loads"].append(loads)
-
-    def add_span(self, path: np.ndarray, mx: np.ndarray, wait: np.ndarray, start: np.ndarray):
-        """Record a whole span of iterations computed at once."""
-        self.flush()
-        tot = path.sum(axis=1)
-        self._append(
-            self.workers * mx - tot, mx, tot, wait, start, path if self.record_loads else None
-        )
-
-    def result(self, end_time: float) -> dict[str, np.ndarray | None]:
-        self.flush()
-        p = self.parts
-        cat = {k: (np.concatenate(v) if v else np.zeros(0)) for k, v in p.items() if k != "loads"}
-        cat["wait"] = cat["wait"].astype(np.int64)
-        cat["start"] = np.concatenate((cat["start"], [end_time]))
-        cat["loads"] = (
-            (np.concatenate(p["loads"]) if p["loads"] else np.zeros((0, self.workers)))
-            if self.record_loads
-            else None
-        )
-        return cat
+        return self.t_start[self.first_iter + self.output_tokens]
 
 
 class _SimPool:
@@ -196,6 +142,8 @@ class DecodeSimulator:
         self.admit_iter = np.full(n, -1, dtype=np.int64)
         self.worker_of = np.full(n, -1, dtype=np.int64)
         self.slot_of = np.full(n, -1, dtype=np.int64)
+        self.prefill_steps = np.zeros(n, dtype=np.int64)
+        self.prefills = config.cost.prefills
         self.k = 0
         self.clock = 0.0
         self.head = 0
@@ -207,6 +155,8 @@ class DecodeSimulator:
         mask = flat >= 0
         pos = flat[mask]
         age = self.k - self.admit_iter[pos]
+        if self.prefills:
+            age = np.maximum(age - self.prefill_steps[pos], 0)
         prompts = self.requests.prompt_tokens[pos]
         return RunningRequests(
             position=pos,
@@ -240,6 +190,7 @@ class DecodeSimulator:
         outputs = self.requests.output_tokens
         admitted, admit_iter, worker_of = self.admitted, self.admit_iter, self.worker_of
         slot_req, slot_of, stacks = self.slot_req, self.slot_of, self.free_stack
+        prefills = self.prefills
         for i, g in zip(pos, wk, strict=True):
             b = stacks[g].pop()
             slot_req[g, b] = i
@@ -250,7 +201,8 @@ class DecodeSimulator:
             loads[g] += int(prompts[i])
             active[g] += 1
             free[g] -= 1
-            heapq.heappush(heap, (k + int(outputs[i]), i))
+            d = self._queue_prefill(i, g, int(prompts[i])) if prefills else 0
+            heapq.heappush(heap, (k + d + int(outputs[i]), i))
         self.pool.size -= len(pos)
         lo = self.head
         if admitted[lo]:
@@ -271,14 +223,16 @@ class DecodeSimulator:
         rel = rq.release_s
         t_fixed = cfg.cost.t_fixed_s + cfg.cost.t_comm_s
         t_token = cfg.cost.t_token_s
+        prefills = self.prefills
         self._reset()
         pool, maximal = self.pool, self.maximal
         # Per-worker state as plain lists: at G = 8 a list op costs a tenth of a numpy call.
         loads = [0] * g_count
         active = [0] * g_count
+        decoding = self.decoding = [0] * g_count if prefills else active  # emitting, per worker
         free = [b_slots] * g_count
         heap: list[tuple[int, int]] = []
-        rec = _Recorder(g_count, cfg.record_loads)
+        rec = Recorder(g_count, cfg.record_loads)
         chunk = rec.CHUNK
         router_ns: list[int] = []
         hook_ns = 0  # completion-hook time, charged to the next routing call
@@ -302,7 +256,9 @@ class DecodeSimulator:
                 self.policy.background(k)  # off the routing path: untimed
                 if progress is not None:
                     progress.update(finished)
-            loads = [x + a for x, a in zip(loads, active, strict=True)]
+            loads = [x + a for x, a in zip(loads, decoding, strict=True)]
+            if prefills and self.starts:
+                self._start_decoding()
             if next_rel <= self.clock:
                 next_rel = self._release()
             if n_active == 0 and pool.size == 0:
@@ -320,16 +276,20 @@ class DecodeSimulator:
             rec.buf[j] = loads
             rec.wait[j] = pool.size
             rec.start[j] = self.clock
-            self.clock += t_fixed + t_token * max(loads)
+            if prefills and self.backlog_total:
+                self.clock += self._prefill_step(loads)
+            else:
+                self.clock += t_fixed + t_token * max(loads)
             rec.j = j + 1
             if rec.j == chunk:
                 rec.flush()
             self.k = k + 1
             if heap and maximal and (pool.size == 0 or n_free == 0):
                 span = min(heap[0][0] - self.k, SPAN_LIMIT)
-                if span > 1:
+                if span > 1 and not (prefills and self.backlog_total):
                     arr = np.array(loads, dtype=np.float64)
-                    self._advance_span(span, arr, np.array(active, dtype=np.float64), n_free, rec)
+                    emitting = np.array(decoding, dtype=np.float64)
+                    self._advance_span(span, arr, emitting, n_free, rec)
                     loads = [int(x) for x in arr.tolist()]
                     next_rel = float(rel[self.released]) if self.released < n else np.inf
         if progress is not None:
@@ -345,6 +305,39 @@ class DecodeSimulator:
         self.slot_req = np.full((g_count, b_slots), -1, dtype=np.int64)
         self.free_stack = [list(range(b_slots - 1, -1, -1)) for _ in range(g_count)]
         self.pool = _SimPool(self)
+        self.backlog = [0] * g_count  # prompt tokens admitted and not yet computed, per worker
+        self.backlog_total = 0
+        self.starts: list[tuple[int, int]] = []  # (iteration, worker): a prefill's last step
+
+    def _queue_prefill(self, i: int, g: int, prompt: int) -> int:
+        """Queue request ``i``'s prompt on worker ``g``; returns the steps before the one that
+        emits its first token (the step computing its last prompt token)."""
+        backlog = self.backlog[g] + prompt
+        self.backlog[g] = backlog
+        self.backlog_total += prompt
+        d = -(-backlog // self.config.cost.prefill_chunk_tokens) - 1
+        self.prefill_steps[i] = d
+        if d:
+            heapq.heappush(self.starts, (self.k + d, g))
+        else:
+            self.decoding[g] += 1
+        return d
+
+    def _start_decoding(self) -> None:
+        """Requests whose last prompt chunk is computed in this step emit from now on."""
+        starts, k = self.starts, self.k
+        while starts and starts[0][0] <= k:
+            self.decoding[heapq.heappop(starts)[1]] += 1
+
+    def _prefill_step(self, loads: list[int]) -> float:
+        """This step's duration with each worker's prompt chunk, which it computes."""
+        cost = self.config.cost
+        chunk, t_token, t_prefill = cost.prefill_chunk_tokens, cost.t_token_s, cost.t_prefill_s
+        done = [min(chunk, b) for b in self.backlog]
+        self.backlog = [b - x for b, x in zip(self.backlog, done, strict=True)]
+        self.backlog_total -= sum(done)
+        work = max(t_token * x + t_prefill * p for x, p in zip(loads, done, strict=True))
+        return cost.t_fixed_s + cost.t_comm_s + work
 
     def _complete(self, heap, loads, active, free) -> tuple[int, int]:
         """Free the slots of the requests that finish at this iteration and tell the policy;
@@ -367,6 +360,8 @@ class DecodeSimulator:
             stacks[g].append(b)
             loads[g] -= int(prompts[i]) + int(outputs[i]) - 1
             active[g] -= 1
+            if self.prefills:
+                self.decoding[g] -= 1
             free[g] += 1
         fin_arr = np.asarray(fin, dtype=np.int64)
         t0 = time.perf_counter_ns()
@@ -410,7 +405,7 @@ class DecodeSimulator:
             raise self._violation("admitted nothing into an empty tier: it would never run")
         return len(pos), ns
 
-    def _result(self, rec: _Recorder, router_ns: list[int], wall_s: float) -> SimResult:
+    def _result(self, rec: Recorder, router_ns: list[int], wall_s: float) -> SimResult:
         rq = self.requests
         out = rec.result(self.clock)
         return SimResult(
@@ -432,9 +427,10 @@ class DecodeSimulator:
             router_ns=np.asarray(router_ns, dtype=np.int64),
             sim_wall_s=wall_s,
             extras=dict(self.policy.run_stats()),
+            prefill_steps=self.prefill_steps if self.prefills else None,
         )
 
-    def _advance_span(self, span: int, loads, active, n_free: int, rec: _Recorder) -> None:
+    def _advance_span(self, span: int, loads, active, n_free: int, rec: Recorder) -> None:
         """Advance ``span`` iterations with no completion and nothing to admit, vectorized."""
         cost = self.config.cost
         rq = self.requests

@@ -20,6 +20,7 @@ MINIMAL = {
     "emulate": ["emulate"],
     "bench": ["bench", "--url", "http://127.0.0.1:9000", "--out", "o"],
     "gateway": ["gateway", "--rank", "http://127.0.0.1:9000", "--slots", "4"],
+    "cost": ["cost", "fit", "--steps", "steps", "--out", "cost.json"],
 }
 
 

@@ -26,7 +26,7 @@ from balanceroute.features.errors import UserError
 from balanceroute.features.files import write_bytes, write_parquet
 from balanceroute.features.schema import to_arrays
 from balanceroute.features.workload import WorkloadSpec, load_workload
-from balanceroute.router.lab.cost import cost_preset
+from balanceroute.router.lab.cost import resolve_cost
 from balanceroute.router.lab.prefill import rate_scale_for_load
 from balanceroute.serving.testbed.bench.client import RequestRecord, stream_request
 from balanceroute.serving.testbed.bench.plan import Plan, make_plan, resolve_targets
@@ -188,7 +188,7 @@ def run_bench(config: BenchConfig) -> BenchResult:
     if config.load is not None:
         ranks = config.ranks or len(targets)
         rate_scale = config.time_scale * rate_scale_for_load(
-            to_arrays(frame), config.load, ranks, config.slots, cost_preset(config.cost)
+            to_arrays(frame), config.load, ranks, config.slots, resolve_cost(config.cost)
         )
     else:
         rate_scale = config.rate_scale or 1.0

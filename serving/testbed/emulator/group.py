@@ -10,6 +10,13 @@ request that reaches a rank during iteration ``k`` joins at ``k + 1`` at the ear
 iteration running (every rank empty) the next one starts at once. A cancelled request (client
 gone) leaves at the next iteration start, keeping the tokens it was given.
 
+Colocated prefill (a cost model with ``t_prefill > 0``, e.g. fitted to a real engine): each
+rank computes its admitted prompts first come first served, at most ``prefill_chunk_tokens``
+(``P_g``) a step; the step lasts ``t_fixed + t_comm + max_g (t_token L_g + t_prefill P_g)``,
+so one rank's chunk stalls the group. A request emits nothing until the step that computes its
+last prompt token, which emits its first token (vLLM's chunked prefill). ``L_g`` counts the
+whole prompt from admission, as the simulator does.
+
 Clock. Each iteration's end is an absolute deadline: the previous deadline plus this
 iteration's duration, so a late wake-up shortens the next wait instead of shifting every later
 iteration (no drift). Lateness (emission time minus deadline) and the interval between
@@ -38,112 +45,15 @@ from balanceroute.features.files import write_parquet
 from balanceroute.serving.testbed.emulator.config import EmulatorConfig
 from balanceroute.serving.testbed.emulator.iterlog import IterationLog
 from balanceroute.serving.testbed.emulator.metrics import RankMetrics
+from balanceroute.serving.testbed.emulator.request import (
+    ABORTED,
+    CANCELLED,
+    FINISHED,
+    RUNNING,
+    EmuRequest,
+)
 
-WAITING, RUNNING, FINISHED, CANCELLED, ABORTED = range(5)
 HOP_S = 0.002
-
-
-class EmuRequest:
-    """One request inside the group; the HTTP handler reads ``generated`` as it grows."""
-
-    __slots__ = (
-        "admit_iter",
-        "admit_s",
-        "arrival_iter",
-        "cancelled",
-        "closer",
-        "endpoint",
-        "finish_reason",
-        "finish_s",
-        "first_sent_s",
-        "first_token_s",
-        "generated",
-        "max_tokens",
-        "prompt_tokens",
-        "rank",
-        "recv_s",
-        "refs",
-        "request_id",
-        "seq",
-        "state",
-        "stream",
-        "target",
-        "waker",
-    )
-
-    def __init__(
-        self,
-        seq: int,
-        request_id: str,
-        rank: int,
-        endpoint: str,
-        stream: bool,
-        prompt_tokens: int,
-        max_tokens: int,
-        target: int,
-        recv_s: float,
-    ) -> None:
-        self.seq = seq
-        self.request_id = request_id
-        self.rank = rank
-        self.endpoint = endpoint
-        self.stream = stream
-        self.prompt_tokens = prompt_tokens
-        self.max_tokens = max_tokens
-        self.target = target
-        self.finish_reason = "length" if target == max_tokens else "stop"
-        self.generated = 0
-        self.arrival_iter = -1
-        self.admit_iter = -1
-        self.recv_s = recv_s
-        self.admit_s = np.nan
-        self.first_token_s = np.nan
-        self.first_sent_s = np.nan
-        self.finish_s = np.nan
-        self.state = WAITING
-        self.cancelled = False
-        self.waker: asyncio.Future | None = None  # a streaming handler waiting for tokens
-        self.closer: asyncio.Future | None = None  # a handler waiting for the end only
-        self.refs = 2  # the group and the HTTP handler: logged when both are done
-
-    @property
-    def closed(self) -> bool:
-        """True once the group is done with the request (finished, cancelled or aborted)."""
-        return self.state >= FINISHED
-
-    def wake(self) -> None:
-        """Resolve the handler's pending waits, if any."""
-        for name in ("waker", "closer"):
-            w = getattr(self, name)
-            if w is not None:
-                setattr(self, name, None)
-                if not w.done():
-                    w.set_result(None)
-
-    def row(self, t0: float) -> tuple:
-        """This request's record for the request log (times relative to ``t0``)."""
-        reason = {FINISHED: self.finish_reason, CANCELLED: "abort", ABORTED: "abort"}.get(
-            self.state, "abort"
-        )
-        return (
-            self.seq,
-            self.request_id,
-            self.rank,
-            self.endpoint,
-            self.stream,
-            self.prompt_tokens,
-            self.max_tokens,
-            self.target,
-            self.generated,
-            reason,
-            self.arrival_iter,
-            self.admit_iter,
-            self.recv_s - t0,
-            self.admit_s - t0,
-            self.first_token_s - t0,
-            self.first_sent_s - t0,
-            self.finish_s - t0,
-        )
 
 
 class RankState:
@@ -155,6 +65,8 @@ class RankState:
         "index",
         "load",
         "metrics",
+        "prefill",
+        "prefilling",
         "rng",
         "running",
         "waiting",
@@ -167,6 +79,8 @@ class RankState:
         self.load = 0
         self.admitted_now = 0
         self.cancel_flag = False
+        self.prefilling: deque[EmuRequest] = deque()  # prompts not yet computed, FCFS
+        self.prefill = 0  # prompt tokens computed in this step
         self.metrics = RankMetrics(config.model, index)
         self.rng = np.random.default_rng([config.seed, index])
 
@@ -292,6 +206,7 @@ class DecodeGroup:
                 self._close(r, ABORTED, now)
             rank.running = []
             rank.waiting.clear()
+            rank.prefilling.clear()
             rank.load = 0
 
     def has_work(self) -> bool:
@@ -302,6 +217,7 @@ class DecodeGroup:
 
     def _admit(self, k: int, now: float) -> int:
         slots = self.config.slots
+        prefills = self.config.cost.prefills
         total = 0
         for rank in self.rank_states:
             free = slots - len(rank.running)
@@ -315,16 +231,83 @@ class DecodeGroup:
                 rank.running.append(r)
                 rank.load += r.prompt_tokens
                 rank.metrics.prompt_tokens += r.prompt_tokens
+                if prefills:
+                    r.prefill_left = r.prompt_tokens
+                    rank.prefilling.append(r)
                 free -= 1
                 adm += 1
             rank.admitted_now = adm
             total += adm
         return total
 
+    def _prefill_step(self, loads: list[int]) -> float:
+        """Each rank's prompt chunk for this step (FCFS within its budget); the step's duration."""
+        cost = self.config.cost
+        work = []
+        for rank, load in zip(self.rank_states, loads, strict=True):
+            budget = cost.prefill_chunk_tokens
+            q = rank.prefilling
+            while q and budget > 0:
+                r = q[0]
+                if r.closed:
+                    q.popleft()
+                    continue
+                take = min(budget, r.prefill_left)
+                r.prefill_left -= take
+                budget -= take
+                if r.prefill_left == 0:
+                    q.popleft()
+            rank.prefill = cost.prefill_chunk_tokens - budget
+            work.append(cost.t_token_s * load + cost.t_prefill_s * rank.prefill)
+        return cost.t_fixed_s + cost.t_comm_s + max(work)
+
+    def _emit_prefilling(self, rank: RankState, t_end: float, prev_end: float | None) -> int:
+        """End of an iteration on a rank that prefills: requests whose prompt is computed emit
+        one token, the first for those whose last chunk this step computed; returns how many
+        finished."""
+        emitting = [r for r in rank.running if r.prefill_left == 0]
+        n = len(emitting)
+        m = rank.metrics
+        rank.load += n
+        firsts = done = 0
+        for r in emitting:
+            r.generated += 1
+            if r.generated == 1:
+                r.first_token_s = t_end
+                m.ttft.observe(t_end - r.recv_s)
+                firsts += 1
+            done += r.generated == r.target
+            w = r.waker
+            if w is not None:
+                r.waker = None
+                if not w.done():
+                    w.set_result(None)
+        m.generation_tokens += n
+        if n:
+            m.iteration_tokens.observe(n)
+        if n > firsts and prev_end is not None:
+            m.tpot.observe(t_end - prev_end, n - firsts)
+        if done:
+            keep = []
+            for r in rank.running:
+                if r.generated == r.target:
+                    rank.load -= r.prompt_tokens + r.generated
+                    self._close(r, FINISHED, t_end)
+                else:
+                    keep.append(r)
+            rank.running = keep
+        return done
+
     def _emit(self, t_end: float, prev_end: float | None) -> tuple[int, int]:
         """End of an iteration: every running request emits one token (one pass)."""
         emitted = finished = 0
+        prefills = self.config.cost.prefills
         for rank in self.rank_states:
+            if prefills:
+                before = rank.metrics.generation_tokens
+                finished += self._emit_prefilling(rank, t_end, prev_end)
+                emitted += rank.metrics.generation_tokens - before
+                continue
             running = rank.running
             n = len(running)
             if n == 0:
@@ -372,6 +355,7 @@ class DecodeGroup:
         scale = cfg.time_scale
         t_fixed = cfg.cost.t_fixed_s + cfg.cost.t_comm_s
         t_token = cfg.cost.t_token_s
+        prefills = cfg.cost.prefills
         ranks = self.rank_states
         log = self.log
         cols, per_rank = log.cols, log.per_rank
@@ -400,7 +384,11 @@ class DecodeGroup:
             self.in_iteration = True
             admitted = self._admit(k, now)
             loads = [r.load for r in ranks]
-            duration = t_fixed + t_token * max(loads)
+            if prefills:
+                duration = self._prefill_step(loads)
+                per_rank["prefill"][log.j] = [r.prefill for r in ranks]
+            else:
+                duration = t_fixed + t_token * max(loads)
             deadline = start + duration / scale
             self.model_end = model_start + duration
             j = log.j

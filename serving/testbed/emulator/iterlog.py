@@ -5,7 +5,7 @@
 (cost-model duration, unscaled), ``deadline_s`` (scheduled end, wall), ``end_s`` (when the
 iteration's tokens were emitted, wall), ``done_s`` (fan-out finished), ``admitted``, ``emitted``,
 ``finished``, and per rank (fixed-size lists of ``G``) ``loads`` (KV tokens after admission),
-``running`` and ``waiting``. Wall times are seconds since the group started (``config.json``
+``running``, ``waiting`` and ``prefill`` (prompt tokens computed; 0 without a prefill term). Wall times are seconds since the group started (``config.json``
 holds the epoch). ``DIR/requests/part-NNNNN.parquet``: one row per request the group accepted,
 written when both the group and the HTTP handler are done with it (columns in
 :data:`REQUEST_COLUMNS`). Parts are written atomically (temp file, then rename) every
@@ -35,7 +35,7 @@ SCALAR_COLUMNS = (
     ("emitted", np.int64),
     ("finished", np.int64),
 )
-RANK_COLUMNS = ("loads", "running", "waiting")
+RANK_COLUMNS = ("loads", "running", "waiting", "prefill")
 REQUEST_COLUMNS = (
     "seq",
     "request_id",

@@ -72,12 +72,15 @@ def compare(directory: str | Path) -> dict[str, Any]:
     loads = rank_matrix(iterations, "loads")
     running = rank_matrix(iterations, "running")
     k = len(iterations)
-    # Tokens emitted in iteration k by the simulator: requests with admit <= k < admit + O.
+    # Tokens emitted in iteration k by the simulator: requests with first <= k < first + O
+    # (first: admission, or with a prefill term the step computing the last prompt token).
     sim_tokens = np.zeros(max(result.iterations, k) + 1, dtype=np.int64)
-    np.add.at(sim_tokens, result.admit_iter, 1)
-    np.add.at(sim_tokens, result.admit_iter + result.output_tokens, -1)
+    np.add.at(sim_tokens, result.first_iter, 1)
+    np.add.at(sim_tokens, result.first_iter + result.output_tokens, -1)
     sim_tokens = np.cumsum(sim_tokens)[: result.iterations]
     sim_dur = config.cost.t_fixed_s + config.cost.t_comm_s + config.cost.t_token_s * result.max_load
+    if config.cost.prefills:  # the chunks' cost is not in max_load: the simulator's own steps
+        sim_dur = np.diff(result.t_start)
     same_len = result.iterations == k
     return {
         "iterations": k,

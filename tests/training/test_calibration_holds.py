@@ -5,8 +5,6 @@ fitted on."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -18,8 +16,9 @@ from balanceroute.predict.learned import LearnedEstimator
 from balanceroute.predict.registry import ESTIMATORS
 from balanceroute.training.evaluate import evaluate_estimator, unseen_holdout
 from balanceroute.training.holdout import make_holdout
+from tests.shared_data import shared_data_dir
 
-SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
+SHARED_DATA = shared_data_dir()
 TRACES = {"azure": "azure_llm_2023_conv.csv", "mooncake": "mooncake_conversation.jsonl"}
 LEARNED = sorted(n for n, cls in ESTIMATORS.items() if issubclass(cls, LearnedEstimator))
 REQUESTS = 4000  # the first requests of each trace: enough for a stable ECE, cheap to fit

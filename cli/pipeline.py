@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--estimators", type=kinds, default=DEFAULT_ESTIMATORS, help="candidate kinds (survival,exactmatch,gbdt)")
     p.add_argument("--horizon", type=horizon_count, default=DEFAULT_HORIZON, help="lookahead H")
     p.add_argument("--group", type=groups, default=((8, 32),), help="the group shape GxB the twin judges on (8x32)")
-    p.add_argument("--twin-windows", type=bounded_int(2, 1000), default=PRIOR_WINDOWS, help=f"windows of the twin's prior ({PRIOR_WINDOWS})")
+    p.add_argument("--twin-windows", type=bounded_int(2, 1000), default=PRIOR_WINDOWS, help=f"windows of the twin's prior, at most ({PRIOR_WINDOWS}; no more than cover the judge slice about twice)")
     p.add_argument("--experiment", default=DEFAULT_EXPERIMENT, help="MLflow experiment")
     p.add_argument("--register-as", default=DEFAULT_MODEL_NAME, help="registered model")
     p.add_argument("--gateway", action="append", default=[], metavar="URL", help="a gateway to reload after a promotion (repeatable)")

@@ -101,8 +101,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--twin-windows",
         type=bounded_int(2, 1000),
         default=DEFAULT_PRIOR_WINDOWS,
-        help="windows the prior replays, shared between its folds (default "
-        f"{DEFAULT_PRIOR_WINDOWS})",
+        help="windows the prior replays, shared between its folds, at most (default "
+        f"{DEFAULT_PRIOR_WINDOWS}; a fold replays no more than cover it about twice, the live "
+        "twin's own block spacing)",
     )
     p.add_argument(
         "--prior-folds",

@@ -35,7 +35,12 @@ from balanceroute.predict.no_prediction import NoPrediction
 from balanceroute.router.lab.twin.prior import PRIOR_ATTRIBUTE
 from balanceroute.training.decision import curve_scores, router_gamma
 from balanceroute.training.holdout import Holdout, make_holdout, observe_training_part
-from balanceroute.training.metrics import reliability, score, score_by_age
+from balanceroute.training.metrics import (
+    expected_calibration_error,
+    reliability,
+    score,
+    score_by_age,
+)
 from balanceroute.training.plots import brier_by_age_plot, reliability_plot
 from balanceroute.training.prediction_replay import predictions_per_second, replay_predictions
 from balanceroute.training.recommend import REFERENCE, Recommendation, recommend
@@ -134,8 +139,8 @@ def score_estimators(
         metrics[kind].update(replayed[kind])
         m = metrics[kind]
         progress(
-            f"{kind}: brier {m['brier']:.4f} auc {m['auc']:.4f} "
-            f"ibs_discounted {m['ibs_discounted']:.4f} proj_error_margin "
+            f"{kind}: brier {m['brier']:.4f} auc {m['auc']:.4f} ece {m['ece']:.4f} "
+            f"ece_at_risk {m['ece_at_risk']:.4f} ibs_discounted {m['ibs_discounted']:.4f} proj_error_margin "
             f"{m['proj_error_margin']:.4f} replay_ratio {m['replay_ratio']:.3f}"
         )
     return metrics, curves
@@ -156,6 +161,7 @@ def evaluate_estimator(
     metrics: dict[str, Any] = score(res.p_finish, res.c, r, horizon)
     at_risk = holdout.arrays.output_tokens[holdout.index]  # time at risk of each snapshot
     metrics.update(curve_scores(res.survival, r, gamma, horizon, at_risk))
+    metrics.update(at_risk_scores(res.p_finish, r, horizon, at_risk))
     metrics["predictions_per_s"] = predictions_per_second(
         estimator, holdout.arrays, holdout.index, holdout.age
     )
@@ -163,6 +169,21 @@ def evaluate_estimator(
     metrics["by_age"] = score_by_age(res.p_finish, res.c, r, holdout.age, horizon)
     y = (r <= horizon).astype(np.float64)
     return metrics, reliability(res.p_finish, y)
+
+
+def at_risk_scores(
+    p: np.ndarray, remaining: np.ndarray, horizon: int, at_risk: np.ndarray
+) -> dict[str, float]:
+    """Brier and calibration error of ``p_finish`` with each snapshot weighted by its request's
+    length: the holdout's snapshots sit at uniform ages of each request, so these weights make
+    them the running requests a router meets (what a model weighted by time at risk is
+    calibrated for; ``ece`` and ``brier`` weigh every request alike)."""
+    y = (remaining <= horizon).astype(np.float64)
+    w = np.asarray(at_risk, dtype=np.float64)
+    return {
+        "brier_at_risk": float(np.average((p - y) ** 2, weights=w)),
+        "ece_at_risk": expected_calibration_error(p, y, weight=w),
+    }
 
 
 def write_report(

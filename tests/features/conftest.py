@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from balanceroute.cli import main as balanceroute_main
+from tests.shared_data import shared_data_dir
 
-REPO = Path(__file__).resolve().parents[2]
-SHARED_DATA = REPO.parent / "shared" / "data"
+SHARED_DATA = shared_data_dir()
 
 
 @pytest.fixture

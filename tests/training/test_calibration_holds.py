@@ -1,11 +1,16 @@
 """Calibration that holds: every learned estimator, registered as ``train`` registers it (fitted
-on the whole trace) and scored as ``evaluate`` scores it (the time-ordered holdout), is
-calibrated on both shared traces; and an evaluation never scores a model on requests it was
-fitted on."""
+on the whole trace) and scored as ``evaluate`` scores it (the time-ordered holdout, by a copy
+that never saw it), is calibrated on both shared traces; and an evaluation never scores a model
+on requests it was fitted on.
+
+Each model is held to the population its rows are weighted for: ``weighting = request``
+(``gbdt``'s default) to every request alike (``ece``), ``time-at-risk`` (``hazard``'s) to the
+running requests a router meets (``ece_at_risk``: the holdout's snapshots, at uniform ages of
+each request, weighted by the request's length). ``hazard`` is not calibrated per request on
+Mooncake (``ece`` 0.18) by design, as ``gbdt`` is not by time at risk (0.12).
+"""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,12 +23,18 @@ from balanceroute.predict.learned import LearnedEstimator
 from balanceroute.predict.registry import ESTIMATORS
 from balanceroute.training.evaluate import evaluate_estimator, unseen_holdout
 from balanceroute.training.holdout import make_holdout
+from balanceroute.training.train import TrainConfig, estimator_spec
+from tests.shared_data import shared_data_dir
 
-SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
+SHARED_DATA = shared_data_dir()
 TRACES = {"azure": "azure_llm_2023_conv.csv", "mooncake": "mooncake_conversation.jsonl"}
 LEARNED = sorted(n for n, cls in ESTIMATORS.items() if issubclass(cls, LearnedEstimator))
-REQUESTS = 4000  # the first requests of each trace: enough for a stable ECE, cheap to fit
-ECE_BOUND = 0.03  # the target on the whole trace is 0.02; a 4,000-request holdout is noisier
+ECE_BOUND = 0.02  # issue 33's target for gbdt, on the whole trace trained and scored as above
+
+
+def own_ece(metrics: dict[str, float], weighting: str) -> float:
+    """The calibration error on the population the model's rows are weighted for."""
+    return metrics["ece_at_risk" if weighting == "time-at-risk" else "ece"]
 
 
 @pytest.fixture(scope="module")
@@ -43,14 +54,16 @@ def test_registered_model_scored_by_evaluate_is_calibrated(name, trace):
     path = SHARED_DATA / TRACES[trace]
     if not path.is_file():
         pytest.skip(f"shared trace {path} not found (the shared traces live beside the repository)")
-    frame, _ = load_workload(WorkloadSpec(trace=str(path), requests=REQUESTS))
-    params = {"num_threads": 1}
-    registered = build_estimator(EstimatorSpec(name, params=params), history=frame)
-    holdout = make_holdout(frame, 0.7, 0)
-    scored = unseen_holdout(registered, holdout)
-    assert scored is not registered, "the registered model saw the holdout: it must be refitted"
+    frame, _ = load_workload(WorkloadSpec(trace=str(path)))
+    holdout = make_holdout(frame, TrainConfig().train_fraction, 0)
+    # what evaluate scores for the model train registers (fitted on the whole trace): a copy
+    # with its parameters fitted on the training part (unseen_holdout, tested below on a
+    # small trace); fitting it here directly saves the whole-trace fit
+    scored = build_estimator(estimator_spec(TrainConfig(), name), history=holdout.train)
+    assert unseen_holdout(scored, holdout) is scored
     metrics, _ = evaluate_estimator(scored, holdout, scored.horizon)
-    assert metrics["ece"] <= ECE_BOUND, f"{name} on {trace}: ECE {metrics['ece']:.4f}"
+    ece = own_ece(metrics, scored.weighting)
+    assert ece <= ECE_BOUND, f"{name} ({scored.weighting}) on {trace}: ECE {ece:.4f}"
 
 
 def test_unseen_holdout_refits_only_a_model_that_saw_the_holdout(small_trace_frame):
@@ -69,3 +82,9 @@ def test_fingerprints_count_shared_requests(small_trace_frame):
     assert seen_requests(request_fingerprints(head), tail) == 50
     assert seen_requests(None, tail) == 0
     assert request_fingerprints(head).dtype == np.uint64
+
+
+def test_own_ece_reads_the_weighting():
+    m = {"ece": 0.1, "ece_at_risk": 0.01}
+    assert own_ece(m, "time-at-risk") == 0.01
+    assert own_ece(m, "request") == 0.1

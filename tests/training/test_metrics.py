@@ -81,3 +81,18 @@ def test_the_evaluate_table_shows_every_scalar_metric() -> None:
     assert set(rows) == {"brier", "auc", "steps", "new_score"}
     assert rows["brier"] == ["0.1235", "0.1"] and rows["steps"] == ["12,000"]
     assert rows["new_score"] == ["n/a"]
+
+
+def test_at_risk_scores_weigh_each_snapshot_by_its_request_length() -> None:
+    from balanceroute.training.evaluate import at_risk_scores
+
+    # a short request (length 10) that finishes within H, a long one (length 1000) that does
+    # not; predicting 0.5 for both is calibrated per request, not by time at risk
+    p = np.array([0.5, 0.5])
+    remaining = np.array([3, 900])
+    out = at_risk_scores(p, remaining, horizon=80, at_risk=np.array([10, 1000]))
+    assert out["brier_at_risk"] == pytest.approx(0.25)
+    assert out["ece_at_risk"] == pytest.approx(abs(0.5 - 10 / 1010), rel=1e-9)
+    # equal lengths: the per-request score
+    same = at_risk_scores(p, remaining, horizon=80, at_risk=np.array([7, 7]))
+    assert same["ece_at_risk"] == pytest.approx(0.0)

@@ -33,7 +33,12 @@ from balanceroute.router.lab.twin.prior import (
     model_priors,
     twin_prior,
 )
-from balanceroute.router.lab.twin.prior_measure import judged, measure_folds, measure_prior
+from balanceroute.router.lab.twin.prior_measure import (
+    judged,
+    measure_folds,
+    measure_prior,
+    spaced_windows,
+)
 from balanceroute.router.lab.twin.prior_start import prior_start, prior_test
 from balanceroute.router.policies.specs import RouterSpec
 from tests.router.helpers import frame
@@ -336,3 +341,17 @@ def test_do_no_harm_the_prior_moves_only_on_a_resolved_gain(n, seed, effect, noi
     # more overlap (less independent evidence) never makes a move more likely
     if not j:
         assert judged(metric, CFG, overlap * 2, n, common).start_weight == 0.0
+
+
+def test_windows_are_spaced_no_closer_than_the_twins_own_blocks():
+    assert spaced_windows(6000, 2048, 2) == 6  # the pipeline's judge slice at 8x32
+    assert spaced_windows(9683, 2048, 2) == 9  # a cross-fitted half of Azure: 8 asked, 8 kept
+    assert spaced_windows(2100, 2048, 2) == 2  # always a pair to compare
+    # a long holdout asked for few windows keeps them; a short one asked for many is capped
+    trace = _trace(seed=7)
+    est = SurvivalEstimator(horizon=16).fit(_trace(seed=8))
+    cap = spaced_windows(len(trace), 36, CFG.overlap)
+    many = PriorConfig(workers=3, slots=6, windows=cap + 10)
+    prior = measure_prior(copy.deepcopy(est), trace, many, CFG)
+    assert prior.windows == cap
+    assert prior.overlap == pytest.approx(cap * 36 / len(trace), abs=1e-4)

@@ -7,18 +7,24 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from balanceroute.cli.options import positive_float, positive_int
 from balanceroute.features.constants import DEFAULT_HORIZON
+from balanceroute.features.errors import UserError
 from balanceroute.features.loaders import load_trace
 from balanceroute.predict.factory import EstimatorSpec, build_estimator
 from balanceroute.predict.model_store import save_estimator
-from balanceroute.router.lab.cost import CostModel, cost_preset
+from balanceroute.router.lab.cost import CostModel, resolve_cost, write_cost_file
+from balanceroute.router.lab.cost_fit import fit_cost
 from balanceroute.router.lab.prefill import PrefillConfig
 from balanceroute.router.lab.replay_spec import ReplaySpec
 from balanceroute.router.lab.runner import replay
+from balanceroute.router.lab.simulator import SimResult
 from balanceroute.router.policies.specs import RouterSpec
 from balanceroute.serving.testbed.realgroup.ab import (
     DEFAULT_ARMS,
+    IDLE_S,
     GroupSpec,
     RealAb,
     attach_engine,
@@ -48,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ranks", type=positive_int, required=True, help="G: data-parallel size")
     p.add_argument("--slots", type=positive_int, required=True, help="B: --max-num-seqs")
     p.add_argument("--step-log", type=Path, required=True, help="BALANCEROUTE_STEP_LOG folder")
-    p.add_argument("--trace", required=True, help="trace file the slices come from")
+    p.add_argument("--trace", help="trace file the slices come from (required to run)")
     p.add_argument("--arms", default=",".join(DEFAULT_ARMS),
                    help="router specs, the reference first (default %(default)s)")  # fmt: skip
     p.add_argument("--repeats", type=positive_int, default=5, help="paired repeats (5)")
@@ -67,10 +73,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="model name (default: the first /v1/models lists)")
     p.add_argument("--gateway-flag", action="append", default=[], dest="gateway_flags",
                    help="extra gateway flag, repeatable (e.g. --gateway-flag=--tick=5ms)")  # fmt: skip
-    p.add_argument("--sim-cost", default="paper-dsv3",
-                   help="cost model of the simulator's replay of the same study")  # fmt: skip
+    p.add_argument("--sim-cost", default="fit",
+                   help="cost model of the simulator's replay of the same study: 'fit' (default) "
+                   "fits it to this run's step logs and writes cost.json; or a preset or cost "
+                   "file")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="seed of the arm orders (0)")
     p.add_argument("--out", type=Path, required=True, help="output folder")
+    p.add_argument("--remeasure", action="store_true",
+                   help="run nothing: re-measure the study already in --out (its records.json "
+                   "and slices) from the step logs")  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -97,34 +108,60 @@ def simulated(slices: list[Path], arms: tuple[str, ...], ranks: int, slots: int,
                 estimator = build_estimator(router.estimator, replay=frame,
                                             horizon=DEFAULT_HORIZON)  # fmt: skip
             result, _ = replay(frame, spec, estimator=estimator)
-            tokens = float(result.output_tokens.sum())
-            records.append({"arm": arm, "repeat": r, "engine": {
-                "imbalance_tokens": float(result.imbalance.mean()),
-                "throughput_tok_s": tokens / float(result.t_start[-1])}})  # fmt: skip
+            records.append({"arm": arm, "repeat": r, "engine": sim_figures(result)})
     return records
+
+
+def sim_figures(result: SimResult) -> dict[str, float]:
+    """A replay's imbalance and throughput, whole-run and over the iterations up to the last
+    admission (the window :func:`measure` calls saturated on the engine)."""
+    last = int(result.admit_iter.max())
+    first = result.admit_iter + (0 if result.prefill_steps is None else result.prefill_steps)
+    produced = np.clip(np.minimum(first + result.output_tokens, last + 1) - first, 0, None)
+    window_s = float(result.t_start[last + 1] - result.t_start[0])
+    return {"imbalance_tokens": float(result.imbalance.mean()),
+            "throughput_tok_s": float(result.output_tokens.sum()) / float(result.t_start[-1]),
+            "saturated_imbalance_tokens": float(result.imbalance[: last + 1].mean()),
+            "saturated_throughput_tok_s": float(produced.sum()) / window_s}  # fmt: skip
+
+
+def sim_cost(name: str, step_log: Path, out: Path) -> CostModel:
+    """The simulator's cost: fitted to the run's step logs (written to ``out/cost.json``) or
+    what ``--cost`` accepts."""
+    if name != "fit":
+        return resolve_cost(name)
+    fitted = fit_cost(read_steps(step_log), source=str(step_log))
+    write_cost_file(out / "cost.json", fitted.cost, fitted.as_dict())
+    return fitted.cost
 
 
 def run(args: argparse.Namespace) -> int:
     """Write the slices, run every arm on each, print the paired ratios."""
-    engine_ready(args.engine)
-    spec = SliceSpec(trace=args.trace, repeats=args.repeats, requests=args.requests,
-                     prompt_scale=args.prompt_scale, output_scale=args.output_scale,
-                     max_model_len=args.max_model_len,
-                     skip=args.skip)  # fmt: skip
-    slices = write_slices(spec, args.out / "slices")
     arms = tuple(a.strip() for a in args.arms.split(",") if a.strip())
-    if args.learned != "none" and args.skip > 0:
-        arms = (*arms, f"brh:{args.learned}@{fit_learned(args.learned, args.out)}")
-    group = GroupSpec(url=args.engine, ranks=args.ranks, slots=args.slots,
-                      step_log=args.step_log, model=args.model)  # fmt: skip
-    study = RealAb(group=group, slices=tuple(slices), out=args.out, arms=arms, seed=args.seed,
-                   gateway_flags=tuple(args.gateway_flags))  # fmt: skip
-    records = run_study(study, progress=lambda line: print(line, file=sys.stderr, flush=True))
-    steps = read_steps(args.step_log)
-    attach_engine(records, steps, study.idle_s)
+    if args.remeasure:
+        records = _saved_records(args.out)
+        arms = (*arms, *dict.fromkeys(r["arm"] for r in records if r["arm"] not in arms))
+        slices = sorted((args.out / "slices").glob("slice-*.csv"),
+                        key=lambda p: int(p.stem.split("-")[1]))  # fmt: skip
+    else:
+        if args.trace is None:
+            raise UserError("real-group: --trace is required (unless --remeasure)")
+        engine_ready(args.engine)
+        spec = SliceSpec(trace=args.trace, repeats=args.repeats, requests=args.requests,
+                         prompt_scale=args.prompt_scale, output_scale=args.output_scale,
+                         max_model_len=args.max_model_len, skip=args.skip)  # fmt: skip
+        slices = write_slices(spec, args.out / "slices")
+        if args.learned != "none" and args.skip > 0:
+            arms = (*arms, f"brh:{args.learned}@{fit_learned(args.learned, args.out)}")
+        group = GroupSpec(url=args.engine, ranks=args.ranks, slots=args.slots,
+                          step_log=args.step_log, model=args.model)  # fmt: skip
+        study = RealAb(group=group, slices=tuple(slices), out=args.out, arms=arms,
+                       seed=args.seed, gateway_flags=tuple(args.gateway_flags))  # fmt: skip
+        records = run_study(study, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    attach_engine(records, read_steps(args.step_log), IDLE_S)
     (args.out / "records.json").write_text(json.dumps(records, indent=1))
     table = summarize(records, arms)
-    cost = cost_preset(args.sim_cost)
+    cost = sim_cost(args.sim_cost, args.step_log, args.out)
     sim = summarize(simulated(slices, arms, args.ranks, args.slots, cost), arms, client=False)
     check = group_lockstep(args.step_log)
     detail = {"reference": arms[0], "ratios": table, "simulated": sim,
@@ -135,6 +172,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _saved_records(out: Path) -> list[dict]:
+    """The records of a finished study, or a UserError naming what is missing."""
+    path = out / "records.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"--remeasure: cannot read {path}: {exc}") from None
+
+
 def _interval(ratio: dict | None) -> dict | None:
     """A paired ratio as the headline writes it (None below two repeats)."""
     if ratio is None:
@@ -143,11 +189,18 @@ def _interval(ratio: dict | None) -> dict | None:
 
 
 def headline(engine: dict, table: dict, sim: dict, holds: bool) -> dict:
-    """The one-line result: each arm's engine imbalance and throughput ratios to the reference,
-    and the simulator's imbalance ratio for the same slices."""
-    arms = {arm: {"imbalance_ratio": _interval(row["engine.imbalance_tokens"]),
-                  "throughput_ratio": _interval(row["engine.throughput_tok_s"]),
-                  "client_throughput_ratio": _interval(row["client.output_throughput"]),
-                  "emulated_imbalance_ratio": (sim[arm]["engine.imbalance_tokens"] or {}).get("ratio")}
-            for arm, row in table.items()}  # fmt: skip
+    """The one-line result: each arm's engine ratios to the reference while the pool held
+    requests (the paper's figures), over the whole run, the client's, and the simulator's."""
+    arms = {}
+    for arm, row in table.items():
+        simulated = sim[arm]
+        arms[arm] = {
+            "imbalance_ratio": _interval(row["engine.saturated_imbalance_tokens"]),
+            "throughput_ratio": _interval(row["engine.saturated_throughput_tok_s"]),
+            "run_imbalance_ratio": _interval(row["engine.imbalance_tokens"]),
+            "run_throughput_ratio": _interval(row["engine.throughput_tok_s"]),
+            "client_throughput_ratio": _interval(row["client.output_throughput"]),
+            "emulated_imbalance_ratio": (simulated["engine.saturated_imbalance_tokens"] or {}).get("ratio"),
+            "emulated_throughput_ratio": (simulated["engine.saturated_throughput_tok_s"] or {}).get("ratio"),
+        }  # fmt: skip
     return {"engine": engine, "arms": arms, "lockstep": bool(holds)}

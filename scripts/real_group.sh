@@ -46,8 +46,8 @@ fi
 
 LOG="$OUT/engine.log"
 if [ -z "${REAL_GROUP_MODEL:-}" ]; then
-    # one CPU per engine core; the worker runs inside the engine core (uni), so its collectives'
-    # time is in the step log
+    # one CPU per engine core; with the uni executor the model runs in one worker per engine core
+    # (the step log times the whole pass: the collectives are inside it, comm_s stays 0)
     BALANCEROUTE_STEP_LOG="$OUT/steps" OMP_BIND="${REAL_GROUP_OMP_BIND:-0|1}" \
         CONFORMANCE_RANK_NICE="${REAL_GROUP_NICE:-0}" \
         scripts/conformance/start_rank.sh "$VENV" "$MODEL" "$PORT" "$LOG" \

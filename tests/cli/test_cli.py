@@ -21,6 +21,19 @@ MINIMAL = {
     "bench": ["bench", "--url", "http://127.0.0.1:9000", "--out", "o"],
     "gateway": ["gateway", "--rank", "http://127.0.0.1:9000", "--slots", "4"],
     "cost": ["cost", "fit", "--steps", "steps", "--out", "cost.json"],
+    "real-group": [
+        "real-group",
+        "--engine",
+        "http://127.0.0.1:8000",
+        "--ranks",
+        "2",
+        "--slots",
+        "8",
+        "--step-log",
+        "steps",
+        "--out",
+        "o",
+    ],
 }
 
 

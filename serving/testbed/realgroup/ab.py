@@ -31,7 +31,9 @@ from balanceroute.serving.testbed.realgroup.steplog import lockstep, measure
 DEFAULT_ARMS = ("count-jsq", "round-robin", "token-jsq", "br0", "brh:none")
 ENGINE_KEYS = ("saturated_imbalance_tokens", "saturated_throughput_tok_s", "imbalance_tokens",
                "throughput_tok_s", "makespan_s", "idle_share", "step_s", "saturated_step_s")  # fmt: skip
-SIM_KEYS = ("imbalance_tokens", "throughput_tok_s")
+SIM_KEYS = ("saturated_imbalance_tokens", "saturated_throughput_tok_s", "imbalance_tokens",
+            "throughput_tok_s")  # fmt: skip
+IDLE_S = 1.0  # the engine counts as idle after this long without a step
 CLIENT_KEYS = ("output_throughput", "mean_ttft_ms", "median_tpot_ms")
 
 
@@ -57,7 +59,7 @@ class RealAb:
     arms: tuple[str, ...] = DEFAULT_ARMS
     seed: int = 0
     gateway_flags: tuple[str, ...] = ()
-    idle_s: float = 1.0  # the engine counts as idle after this long without a step
+    idle_s: float = IDLE_S
     run_timeout_s: float = 600.0
     extra: dict[str, Any] = field(default_factory=dict)
 

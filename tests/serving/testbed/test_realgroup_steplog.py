@@ -95,3 +95,21 @@ def test_slices_scale_prompts_and_outputs_into_the_context(tmp_path: Path):
     assert len(pd.read_csv(tmp_path / "slices" / "history.csv")) == 2
     with pytest.raises(UserError, match="needed"):
         write_slices(SliceSpec(str(trace), repeats=3, requests=4), tmp_path / "x")
+
+
+def test_the_saturated_window_ends_at_the_last_step_that_prefilled(tmp_path: Path):
+    # step 1 is the last admission (rank 1 prefills 64 prompt tokens); steps 2-3 are the drain
+    write_rank(tmp_path, 0, [step(0.0, 1.0, 100, new_tokens=1, prefill_tokens=32),
+                             step(1.0, 2.0, 101, new_tokens=1), step(2.0, 3.0, 102, new_tokens=1),
+                             step(3.0, 7.0, 103, new_tokens=1)])  # fmt: skip
+    write_rank(tmp_path, 1, [step(0.0, 1.0, 50, new_tokens=1),
+                             step(1.0, 2.0, 64, new_tokens=0, prefill_tokens=64),
+                             step(2.0, 3.0, 0, kind="dummy"), step(3.0, 7.0, 0, kind="dummy")])  # fmt: skip
+    figures = measure(read_steps(tmp_path), 0.0, 10.0)
+    assert figures.prefill_steps == 2 and figures.saturated_steps == 2
+    # (200 - 150) and (202 - 165) while saturated; the drain adds (204 - 102) and (206 - 103)
+    assert figures.saturated_imbalance_tokens == pytest.approx((50 + 37) / 2)
+    assert figures.imbalance_tokens == pytest.approx((50 + 37 + 102 + 103) / 4)
+    assert figures.saturated_throughput_tok_s == pytest.approx(3 / 2.0)
+    assert figures.throughput_tok_s == pytest.approx(5 / 7.0)
+    assert figures.prefill_share == pytest.approx(2 / 7.0)

@@ -1,0 +1,47 @@
+"""``real-group``'s simulator side: the replay's figures over the window the engine's are taken."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from balanceroute.cli.real_group import headline, sim_figures
+from balanceroute.features.loaders import load_trace
+from balanceroute.router.lab.cost import cost_preset
+from balanceroute.router.lab.prefill import PrefillConfig
+from balanceroute.router.lab.replay_spec import ReplaySpec
+from balanceroute.router.lab.runner import replay
+from balanceroute.router.policies.specs import RouterSpec
+
+
+def test_the_saturated_window_counts_the_tokens_made_up_to_the_last_admission(tmp_path: Path):
+    path = tmp_path / "t.csv"
+    pd.DataFrame({"arrival_s": [0.0] * 4, "prompt_tokens": [10] * 4,
+                  "output_tokens": [2, 5, 3, 3]}).to_csv(path, index=False)  # fmt: skip
+    spec = ReplaySpec(router=RouterSpec.parse("count-jsq"), workers=1, slots=2,
+                      cost=cost_preset("unit"), prefill=PrefillConfig(saturate=True))  # fmt: skip
+    result, _ = replay(load_trace(path), spec)
+    figures = sim_figures(result)
+    last = int(result.admit_iter.max())
+    # each request's tokens made in iterations 0..last: admitted at a, it makes one per iteration
+    pairs = zip(result.admit_iter, result.output_tokens, strict=True)
+    made = sum(min(a + o, last + 1) - a for a, o in pairs)
+    window = result.t_start[last + 1] - result.t_start[0]
+    assert figures["saturated_throughput_tok_s"] == pytest.approx(made / window)
+    assert figures["throughput_tok_s"] == pytest.approx(13 / result.t_start[-1])
+    assert made < 13
+
+
+def test_the_headline_reports_saturated_whole_run_client_and_simulated_ratios():
+    ratio = {"ratio": 0.7, "low": 0.6, "high": 0.8}
+    keys = ("saturated_imbalance_tokens", "saturated_throughput_tok_s", "imbalance_tokens",
+            "throughput_tok_s")  # fmt: skip
+    table = {"brh:none": {**{f"engine.{k}": ratio for k in keys}, "client.output_throughput": None}}
+    sim = {"brh:none": {f"engine.{k}": {**ratio, "ratio": 0.9} for k in keys}}
+    line = headline({"ranks": 2}, table, sim, holds=True)
+    arm = line["arms"]["brh:none"]
+    assert arm["imbalance_ratio"] == {"mean": 0.7, "low": 0.6, "high": 0.8}
+    assert arm["client_throughput_ratio"] is None
+    assert arm["emulated_imbalance_ratio"] == 0.9 and line["lockstep"] is True

@@ -37,8 +37,7 @@ from typing import Any
 
 import orjson
 
-from balanceroute.serving.gateway.decider import Rejected
-from balanceroute.serving.gateway.life import LiveRequest
+from balanceroute.serving.gateway.decider import LiveRequest, Rejected
 from balanceroute.serving.gateway.plane.request import (
     ABORT,
     FINISHED,

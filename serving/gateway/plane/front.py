@@ -35,7 +35,7 @@ from pydantic import BaseModel, ValidationError
 
 from balanceroute.features.prompts import chat_text
 from balanceroute.serving.gateway import errors
-from balanceroute.serving.gateway.life import LiveRequest
+from balanceroute.serving.gateway.decider import LiveRequest
 from balanceroute.serving.gateway.plane.exchange import Exchange
 from balanceroute.serving.gateway.plane.request import PlaneContext
 from balanceroute.serving.gateway.tokens import PromptCounter, prompt_key

@@ -18,8 +18,7 @@ from typing import Any
 
 import orjson
 
-from balanceroute.serving.gateway.decider import Decider
-from balanceroute.serving.gateway.life import LiveRequest
+from balanceroute.serving.gateway.decider import Decider, LiveRequest
 from balanceroute.serving.gateway.plane.wire import DeciderProxy
 from balanceroute.serving.gateway.runtime import Drain
 from balanceroute.serving.gateway.settings import GatewaySettings

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from balanceroute.serving.gateway.life import LiveRequest
+from balanceroute.serving.gateway.decider import LiveRequest
 from balanceroute.serving.gateway.plane.exchange import Exchange, request_head
 from balanceroute.serving.gateway.plane.front import BadBody, check_body, parse_answer
 from balanceroute.serving.gateway.plane.request import FINISHED, MARKERS, PlaneContext, matters

@@ -91,11 +91,10 @@ class Front:
         self.ctx = ctx
         self.settings = ctx.settings
         self.counter = counter
-        # the app in this process, called without a socket (an app's error is its 500)
-        self.app = None if app is None else httpx.AsyncClient(
-            transport=httpx.ASGITransport(app, raise_app_exceptions=False),
-            base_url="http://127.0.0.1")  # fmt: skip
-        self.control = control
+        # the app: called in this process (an app's error is its 500), or over the socket
+        to_app = (httpx.AsyncHTTPTransport(uds=control) if app is None
+                  else httpx.ASGITransport(app, raise_app_exceptions=False))  # fmt: skip
+        self.app = httpx.AsyncClient(transport=to_app, base_url="http://127.0.0.1")
         self.server: asyncio.base_events.Server | None = None
         self.pool = RankPool(ctx.settings, spares=True)
         self.origin = OriginCheck(None, ctx.settings, body=errors.refusal,  # type: ignore[arg-type]
@@ -352,30 +351,15 @@ class Connection(asyncio.Protocol):
         headers = [(b"host", b"127.0.0.1"), (b"content-length", b"%d" % len(body)),
                    *((k, v) for k, v in headers if k not in HOP)]  # fmt: skip
         try:
-            if self.front.app is not None:
-                r = await self.front.app.request(method.decode(), url.decode("latin-1"),
-                                                 headers=headers, content=body)  # fmt: skip
-                status, out, content = r.status_code, r.headers.raw, r.content
-            else:
-                status, out, content = await self._over_socket(method, url, headers, body)
-        except (OSError, ValueError) as exc:
+            r = await self.front.app.request(method.decode(), url.decode("latin-1"),
+                                             headers=headers, content=body)  # fmt: skip
+        except (OSError, httpx.HTTPError) as exc:
             self._json(503, error_body(503, f"the gateway's decider does not answer: {exc}"))
             return
         if self.transport.is_closing():
             return
-        self.respond(status, [(k, v) for k, v in out if k not in HOP], content, head_only)
-
-    async def _over_socket(self, method: bytes, url: bytes, headers: Headers,
-                           body: bytes) -> tuple[int, Headers, bytes]:  # fmt: skip
-        """A relay worker's request to the gateway's app, over the control socket."""
-        assert self.front.control is not None
-        head = [method + b" " + url + b" HTTP/1.1", b"connection: close"]
-        head += [k + b": " + v for k, v in headers]
-        reader, writer = await asyncio.open_unix_connection(self.front.control)
-        writer.write(b"\r\n".join(head) + b"\r\n\r\n" + body)
-        raw = await reader.read()
-        writer.close()
-        return parse_answer(raw)
+        self.respond(r.status_code, [(k, v) for k, v in r.headers.raw if k not in HOP], r.content,
+                     head_only)  # fmt: skip
 
     # ---- answers (also the exchange's) ---------------------------------------------------
     def respond(self, status: int, headers: Headers, body: bytes, head_only: bool = False) -> None:
@@ -464,30 +448,6 @@ class Connection(asyncio.Protocol):
             if not self.headers_done:
                 self.transport.write(REQUEST_TIMEOUT)
         self.transport.close()
-
-
-def parse_answer(raw: bytes) -> tuple[int, Headers, bytes]:
-    """A whole HTTP/1.1 answer read to its end: status, headers, body (ValueError if cut)."""
-    got: dict[str, Any] = {"headers": [], "body": [], "done": False}
-
-    class Reader:
-        def on_header(self, name: bytes, value: bytes) -> None:
-            got["headers"].append((name.lower(), value))
-
-        def on_body(self, body: bytes) -> None:
-            got["body"].append(body)
-
-        def on_message_complete(self) -> None:
-            got["done"] = True
-
-    parser = httptools.HttpResponseParser(Reader())
-    try:
-        parser.feed_data(raw)
-    except httptools.HttpParserError as exc:
-        raise ValueError(f"a bad answer from the decider: {exc}") from None
-    if not got["done"]:
-        raise ValueError("the decider's answer ended early")
-    return parser.get_status_code(), got["headers"], b"".join(got["body"])
 
 
 def _phrase(status: int) -> bytes:

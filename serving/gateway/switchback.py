@@ -89,7 +89,7 @@ class Switchback:
         self.rng = np.random.default_rng(seed)
         self.orders: list[list[str]] = []
         self.windows: list[Window] = []
-        self._window_at(start)
+        self.current(start)
 
     @property
     def switching(self) -> bool:
@@ -101,7 +101,8 @@ class Switchback:
             self.orders.append([self.arms[i] for i in perm])
         return self.orders[block]
 
-    def _window_at(self, now: float) -> Window:
+    def current(self, now: float) -> Window:
+        """The window running at ``now`` (created as time passes)."""
         index = int((now - self.start) // self.window_s) if self.switching else 0
         while len(self.windows) <= index:
             i = len(self.windows)
@@ -113,12 +114,8 @@ class Switchback:
             self.windows.append(Window(i, i // k, arm, start, start + warm, end))
         return self.windows[index]
 
-    def current(self, now: float) -> Window:
-        """The window running at ``now`` (created as time passes)."""
-        return self._window_at(now)
-
     def _measured(self, now: float) -> Window | None:
-        w = self._window_at(now)
+        w = self.current(now)
         return w if now >= w.measure_from else None
 
     # ---- what the gateway records ---------------------------------------------------------

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from balanceroute.features.errors import UserError
+from balanceroute.features.stats import small_median
 from balanceroute.predict.base import CompletedBatch, CompletionEstimator, Fitting, RunningBatch
 from balanceroute.predict.incremental import CurveCache, conditioned_loads
 from balanceroute.predict.no_prediction import NoPrediction
@@ -468,17 +469,6 @@ class BalanceRoutePolicy(Policy):
             return np.zeros(cand.shape[0])
         typical = small_median(prompts) * float(self.weights.sum())
         return age_bonus(state.pool.overtaken(cand), typical / cfg.age_priority, cfg.age_late)
-
-
-def small_median(values: np.ndarray) -> float:
-    """``np.median`` of a short non-empty float array, exactly, in a tenth of its time (it runs
-    in every step: 1 us against 9 us)."""
-    n = values.shape[0]
-    if n == 1:
-        return float(values[0])
-    s = np.sort(values)
-    h = n // 2
-    return float(s[h]) if n % 2 else float((s[h - 1] + s[h]) / 2)
 
 
 class BR0Policy(BalanceRoutePolicy):

@@ -23,7 +23,7 @@ been waiting in the socket), not because the rank was: it is not counted either 
 
 An **outage** (no rank in rotation) is tracked: :attr:`RankHealth.outage_since` and two events,
 ``outage`` and ``serving``, which the queued requests wait on (they get 503 after
-``no_rank_wait_s`` of outage, :meth:`~balanceroute.serving.gateway.life.RequestLife.admitted`).
+``no_rank_wait_s`` of outage, :func:`~balanceroute.serving.gateway.decider.admitted`).
 """
 
 from __future__ import annotations

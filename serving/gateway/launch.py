@@ -6,9 +6,10 @@ accepts on it on this process's event loop and calls the decider directly (on tw
 process beats two: no event crosses a socket, no second event loop competes for a core). With N
 relay workers each accepts on the same socket in turn and reaches the decider through its proxy
 (:mod:`.plane.wire`); a worker that dies is started again (its requests leave the group at
-once), and connections the kernel queued wait for the other workers. Either way the gateway's
-own app (probes, ``/metrics``, ``/v1/ab``, reload, models) listens on a Unix socket the front
-passes those paths to.
+once), and connections the kernel queued wait for the other workers. The gateway's own app
+(probes, ``/metrics``, ``/v1/ab``, reload, models) runs in this process: the front calls it
+directly, and with relay workers a second front here answers the paths they pass to it on a
+Unix socket.
 
 SIGTERM drains: new requests get 503, the streams in flight get ``drain_timeout_s`` to finish,
 then end with an SSE error event; the decider keeps deciding until they have.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -27,51 +29,23 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import Any
+
+import uvloop
 
 from balanceroute.serving.gateway.app import create_gateway_app
 from balanceroute.serving.gateway.decider import Decider
-from balanceroute.serving.gateway.plane.front import Connection, Front
+from balanceroute.serving.gateway.plane.front import Front
 from balanceroute.serving.gateway.plane.request import PlaneContext
 from balanceroute.serving.gateway.plane.wire import Links
 from balanceroute.serving.gateway.plane.worker import SPEC_ENV
 from balanceroute.serving.gateway.runtime import UPSTREAM_KEY_ENV, Gateway
 from balanceroute.serving.gateway.settings import GatewaySettings
-from balanceroute.serving.http.server import configure_logging, serve
+from balanceroute.serving.http.server import configure_logging
 
 log = logging.getLogger("balanceroute.gateway")
 GRACE_S = 3  # after the drain deadline: the cut streams' last events and the shutdown itself
 RESPAWN_S = 1.0  # a worker is started at most this often
 WORKER = [sys.executable, "-m", "balanceroute.serving.gateway.plane.worker"]
-
-
-class Local:
-    """No relay workers: the Protocol front on this process's loop, calling the decider."""
-
-    def __init__(self, gw: Gateway, decider: Decider, listener: socket.socket, control: str) -> None:
-        self.listener = listener
-        self.ctx = PlaneContext(gw.settings, decider, gw.upstream_key, gw.drain)
-        self.front = Front(self.ctx, gw.counter, control)
-        self.server: asyncio.base_events.Server | None = None
-
-    async def start(self) -> None:
-        """Accept clients on the shared socket."""
-        loop = asyncio.get_running_loop()
-        self.server = await loop.create_server(lambda: Connection(self.front),
-                                               sock=self.listener, backlog=4096)  # fmt: skip
-
-    def begin_drain(self) -> None:
-        """Shutdown began: stop accepting, 503 to new requests, the streams drain."""
-        self.ctx.drain.begin()
-        if self.server is not None:
-            self.server.close()
-        self.front.close_idle()
-
-    async def stop(self) -> None:
-        """Wait for the streams (the drain deadline, then they end themselves)."""
-        await self.front.drained(GRACE_S)
 
 
 class Workers:
@@ -82,7 +56,7 @@ class Workers:
         self.gw = gw
         self.listener = listener
         self.events = os.path.join(folder, "events.sock")
-        self.control = os.path.join(folder, "control.sock")
+        self.control = os.path.join(folder, "control.sock")  # the app, to the workers
         self.links = Links(decider)
         self.procs: list[subprocess.Popen | None] = [None] * gw.settings.relay_workers
         self.stopping = False
@@ -171,33 +145,39 @@ def run(settings: GatewaySettings, gw: Gateway) -> None:
     configure_logging(settings)
     listener = listen(settings)
     folder = tempfile.mkdtemp(prefix="balanceroute-gateway-")
-    decider = Decider(gw)
-    if settings.relay_workers:
-        plane: Local | Workers = Workers(gw, decider, listener, folder)
-        control = plane.control
-    else:
-        control = os.path.join(folder, "control.sock")
-        plane = Local(gw, decider, listener, control)
-    app = create_gateway_app(gw)
-    inner = app.router.lifespan_context
-
-    @asynccontextmanager
-    async def lifespan(app: Any) -> AsyncIterator[None]:
-        async with inner(app):
-            await plane.start()
-            try:
-                yield
-            finally:
-                await plane.stop()
-
-    app.router.lifespan_context = lifespan
-    log.warning("gateway on port %d: %s, its app on %s", listener.getsockname()[1],
-                f"{settings.relay_workers} relay workers" if settings.relay_workers
-                else "the Protocol front in this process", control)  # fmt: skip
     try:
-        serve(app, settings, collect=True, uds=control, on_shutdown=plane.begin_drain,
-              timeout_graceful_shutdown=int(settings.drain_timeout_s) + GRACE_S)  # fmt: skip
+        uvloop.run(serve(gw, listener, folder))
     finally:
         listener.close()
         with contextlib.suppress(OSError):
             shutil.rmtree(folder)
+
+
+async def serve(gw: Gateway, listener: socket.socket, folder: str) -> None:
+    """The app's life around the data plane: started, serving until SIGTERM or SIGINT, then
+    drained (new requests 503, the streams in flight until the drain deadline) and stopped."""
+    settings, loop = gw.settings, asyncio.get_running_loop()
+    decider = Decider(gw)
+    app = create_gateway_app(gw)
+    front = Front(PlaneContext(settings, decider, gw.upstream_key, gw.drain), gw.counter, app=app)
+    workers = Workers(gw, decider, listener, folder) if settings.relay_workers else None
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    gc.collect()
+    gc.freeze()  # the imports and models live as long as the process: shorter GC pauses
+    async with app.router.lifespan_context(app):
+        if workers is None:
+            await front.listen(sock=listener)
+        else:
+            await front.listen(path=workers.control)
+            await workers.start()
+        log.warning("gateway on port %d: %s", listener.getsockname()[1],
+                    f"{settings.relay_workers} relay workers" if workers is not None
+                    else "the Protocol front in this process")  # fmt: skip
+        await stop.wait()
+        front.begin_drain()
+        if workers is not None:
+            workers.begin_drain()
+            await workers.stop()
+        await front.drained(GRACE_S)

@@ -192,24 +192,11 @@ class Gateway:
     def config(self) -> dict[str, Any]:
         """The resolved configuration, written next to the results."""
         s = self.settings
-        return {
-            "ranks": s.group,
-            "slots": s.slots,
-            "rank_urls": s.rank_urls,
-            "rank_header": s.rank_header,
-            "arms": {a.label: a.describe() for a in self.arms},
-            "switch_every_s": s.switch_every_s,
-            "warmup_s": s.warmup,
-            "seed": s.seed,
-            "tick_s": s.tick_s,
-            "hold_s": s.hold_s,
-            "hold_quiet_s": s.hold_quiet_s,
-            "hold_step_s": s.hold_step_s,
-            "sample_s": s.sample_s,
-            "max_pool": s.max_pool,
-            "tokenizer": s.tokenizer,
-            "estimator_url": s.estimator_url,
-        }
+        keys = {"slots", "rank_header", "switch_every_s", "seed", "tick_s", "hold_s",
+                "hold_quiet_s", "hold_step_s", "sample_s", "max_pool", "tokenizer",
+                "estimator_url"}  # fmt: skip
+        return {"ranks": s.group, "rank_urls": s.rank_urls, "warmup_s": s.warmup,
+                "arms": {a.label: a.describe() for a in self.arms}, **s.model_dump(include=keys)}  # fmt: skip
 
     def ab_summary(self) -> dict[str, Any]:
         """The switchback so far, with each arm's router step p50 and the activations."""

@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from balanceroute.features.files import write_json, write_text
-from balanceroute.predict.model_store import setup_mlflow
 from balanceroute.router.lab.paired import ratio_interval, t_interval
+from balanceroute.training.tracking import ChildRun, log_parent_with_children
 
 METRICS = ("throughput", "tpot_p50_ms", "tpot_p95_ms", "queue_p50_ms", "queue_p99_ms", "imbalance")
 
@@ -89,7 +89,7 @@ class Switchback:
         self.rng = np.random.default_rng(seed)
         self.orders: list[list[str]] = []
         self.windows: list[Window] = []
-        self._window_at(start)
+        self.current(start)
 
     @property
     def switching(self) -> bool:
@@ -101,7 +101,8 @@ class Switchback:
             self.orders.append([self.arms[i] for i in perm])
         return self.orders[block]
 
-    def _window_at(self, now: float) -> Window:
+    def current(self, now: float) -> Window:
+        """The window running at ``now`` (created as time passes)."""
         index = int((now - self.start) // self.window_s) if self.switching else 0
         while len(self.windows) <= index:
             i = len(self.windows)
@@ -113,12 +114,8 @@ class Switchback:
             self.windows.append(Window(i, i // k, arm, start, start + warm, end))
         return self.windows[index]
 
-    def current(self, now: float) -> Window:
-        """The window running at ``now`` (created as time passes)."""
-        return self._window_at(now)
-
     def _measured(self, now: float) -> Window | None:
-        w = self._window_at(now)
+        w = self.current(now)
         return w if now >= w.measure_from else None
 
     # ---- what the gateway records ---------------------------------------------------------
@@ -346,34 +343,21 @@ def write_results(summary: dict[str, Any], config: dict[str, Any], folder: Path)
 
 def log_switchback(summary: dict[str, Any], config: dict[str, Any], files: list[Path]) -> str:
     """Parent run (configuration, files) with a child run per arm; returns the parent's id."""
-    setup_mlflow(EXPERIMENT)
-    import mlflow
-
-    with mlflow.start_run(run_name=f"gateway-ab-{Path(files[0]).parent.parent.name}") as parent:
-        mlflow.log_params(
-            {
-                "arms": ",".join(summary["arms"])[:500],
-                "window_s": summary["window_s"],
-                "warmup_s": summary["warmup_s"],
-                "seed": summary["seed"],
-                "windows_done": summary["windows_done"],
-                "ranks": config.get("ranks"),
-                "slots": config.get("slots"),
-                "reference": summary["reference"],
-            }
-        )
-        for path in files:
-            mlflow.log_artifact(str(path))
-        for arm in summary["arms"]:
-            row = summary["per_arm"][arm]
-            with mlflow.start_run(run_name=arm, nested=True):
-                mlflow.log_params({"arm": arm, **config.get("arms", {}).get(arm, {})})
-                metrics = {m: row[m] for m in METRICS if row.get(m) is not None}
-                for m, d in summary["paired_vs_reference"].get(arm, {}).items():
-                    if d["mean"] is not None:
-                        metrics[f"{m}_diff"] = d["mean"]
-                mlflow.log_metrics({k: float(v) for k, v in metrics.items()})
-        return parent.info.run_id
+    keys = ("window_s", "warmup_s", "seed", "windows_done", "reference")
+    params = {"arms": ",".join(summary["arms"])[:500], **{k: summary[k] for k in keys},
+              "ranks": config.get("ranks"), "slots": config.get("slots")}  # fmt: skip
+    children = []
+    for arm in summary["arms"]:
+        row = summary["per_arm"][arm]
+        metrics = {m: row[m] for m in METRICS if row.get(m) is not None}
+        for m, d in summary["paired_vs_reference"].get(arm, {}).items():
+            if d["mean"] is not None:
+                metrics[f"{m}_diff"] = d["mean"]
+        arm_params = {"arm": arm, **config.get("arms", {}).get(arm, {})}
+        children.append(ChildRun(arm, arm_params, metrics))
+    run_name = f"gateway-ab-{Path(files[0]).parent.parent.name}"
+    return log_parent_with_children(EXPERIMENT, run_name, params, children,
+                                    artifacts=[(path, None) for path in files])  # fmt: skip
 
 
 def save_switchback(

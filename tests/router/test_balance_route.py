@@ -334,7 +334,7 @@ def test_auto_projection_replays_like_the_explicit_one():
 @given(st.lists(st.integers(1, 200_000), min_size=1, max_size=80))
 def test_small_median_is_numpys(prompts: list[int]) -> None:
     """The step's median of the waiting prompts equals ``np.median``, odd and even sizes."""
-    from balanceroute.router.policies.balance_route import small_median
+    from balanceroute.features.stats import small_median
 
     values = np.asarray(prompts, dtype=np.float64)
     assert small_median(values) == float(np.median(values))

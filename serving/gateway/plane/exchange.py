@@ -1,7 +1,6 @@
 """One completion request through the data plane, from its admission to its answer's end: the
-gateway's one relay, with its fault rules. Its life is reported to the decider
-(:class:`~.request.Life`, through a :class:`~.request.DeciderPort`: the decider itself, or a
-relay worker's proxy).
+gateway's one relay, with its fault rules. Its life is reported to the decider (the decider
+itself, or a relay worker's proxy), each call once.
 
 Until the first token the rank's stream is read event by event (:func:`~.request.read_event`).
 After it every piece read is written to the client's socket as one HTTP chunk up to its last
@@ -38,20 +37,19 @@ from typing import Any
 
 import orjson
 
-from balanceroute.serving.gateway.decider import Rejected
-from balanceroute.serving.gateway.life import LiveRequest
+from balanceroute.serving.gateway.decider import LiveRequest, Rejected
 from balanceroute.serving.gateway.plane.request import (
+    ABORT,
     FINISHED,
     RETRY,
-    Life,
     PlaneContext,
     Stream,
     UpstreamBroke,
     matters,
     rank_body,
     read_event,
-    report_finish,
 )
+from balanceroute.serving.gateway.runtime import forward_headers
 from balanceroute.serving.gateway.upstream import RankPool, Upstream
 from balanceroute.serving.openai.assemble import Assembler
 from balanceroute.serving.openai.responses import error_body
@@ -91,7 +89,9 @@ class Exchange:
         self.pool = pool
         self.client = client
         self.req = req
-        self.life = Life(ctx, req, rid)
+        self.decider = ctx.decider
+        self.rid = rid  # the decider's number for the request
+        self.left = False  # the request left the decider's group (finished or abandoned)
         self.loop = asyncio.get_running_loop()
         self.settings = ctx.settings
         self.started = False  # the stream's head (and a token) reached the client
@@ -124,8 +124,10 @@ class Exchange:
     def _send_at_once(self) -> Sent | None:
         """The first attempt written now, if the request is admitted and its rank has an idle
         connection (else None: the task makes the attempt)."""
-        rank = self.life.admitted_now()
-        if rank is None or rank < 0:
+        fut = self.req.admitted
+        ok = fut.done() and not fut.cancelled() and fut.exception() is None
+        rank = fut.result() if ok else -1
+        if rank < 0:
             return None
         up = self.pool.idle_connection(rank)
         if up is None:
@@ -141,38 +143,38 @@ class Exchange:
             await self.run(sent)
         except asyncio.CancelledError:
             self._drop_upstream()
-            self.life.count("cancelled" if self.gone else "drained")
+            self.decider.count("cancelled" if self.gone else "drained")
             if self.drained and not self.gone and not self.ended:
                 self._end_drained()
         finally:
             self._disarm()
-            self.life.leave()  # however the request ended, it leaves the group once
+            self._leave(None)  # however the request ended, it leaves the group once
 
     async def run(self, sent: Sent | None = None) -> None:
-        life = self.life
         body = sent.body if sent is not None else rank_body(self.req.body)
-        attempts = life.max_attempts
+        attempts = self.settings.max_attempts
         attempt = 0
         try:
             for attempt in range(attempts):
                 if sent is not None:  # the first attempt is on its way (:meth:`start`)
                     outcome, sent = await self.attempt(sent.rank, body, sent), None
                 else:
-                    rank = await life.admitted()
+                    rank = await self.req.admitted
                     if rank < 0:
                         break
                     outcome = await self.attempt(rank, body)
                 if outcome == FINISHED:
                     return
-                rank = self.rank
-                if not life.requeued(rank, last=attempt + 1 == attempts):
+                again = self.decider.requeued(self.rid, self.rank, attempt + 1 == attempts)
+                if again is None:
                     break
+                self.req.admitted = again
         except Rejected as no:
-            life.abandoned(None)
+            self._leave(None)
             self._whole(no.status, error_body(no.status, no.message), b"application/json",
                         [(b"retry-after", b"1")])  # fmt: skip
             return
-        life.abandoned("failed")
+        self._leave("failed")
         self._error(502, f"no rank could serve the request after {attempt + 1} attempts")
 
     def cancel(self, *, gone: bool) -> None:
@@ -195,7 +197,7 @@ class Exchange:
         self.splitter = EventSplitter()
         self.result = self.loop.create_future()
         self.timer = self.loop.call_later(self.settings.first_token_timeout_s, self._first_late)
-        headers = self.life.headers(rank)
+        headers = forward_headers(self.settings, self.ctx.upstream_key, rank, self.req.request_id)
         return request_head(self.pool, rank, self.req.path, headers, len(body)) + body
 
     async def attempt(self, rank: int, body: bytes, sent: Sent | None = None) -> str:
@@ -214,7 +216,7 @@ class Exchange:
                     self._disarm()
                     why = (f"no connection within {self.settings.connect_timeout_s:g} s"
                            if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}")  # fmt: skip
-                    self.life.rank_failed(rank, why)
+                    self.decider.failed(self.rid, rank, why)
                     return RETRY
                 if self.result.done():  # the first-token deadline passed while connecting
                     self.pool.put(up)
@@ -229,7 +231,7 @@ class Exchange:
             # a kept-alive connection the rank closed just now: not the rank's fault, again
             self.result = self.loop.create_future()
         self._disarm()
-        self.life.rank_failed(rank, self.why)
+        self.decider.failed(self.rid, rank, self.why)
         return RETRY
 
     def _resolve(self, outcome: str) -> None:
@@ -270,7 +272,8 @@ class Exchange:
                 self.streaming = True
                 if self.up is not None:
                     self.up.relaying = True
-            self.life.progress(st.tokens, now)
+            if st.tokens > 0:  # only the first token is news to the decider
+                self.decider.first_token(self.rid, now)
         elif self.req.stream:
             self.st.held.extend(out)
         if st.done:
@@ -284,13 +287,13 @@ class Exchange:
         if status == 200:
             self._fail("the stream ended before data: [DONE]")
         elif status >= 500 or status == 429:
-            self.life.rank_failed(self.rank, f"answered {status}")
+            self.decider.failed(self.rid, self.rank, f"answered {status}")
             self._resolve(RETRY)
         elif status in (401, 403):  # the gateway's key, not the client's fault
-            self.life.rank_refused(self.rank, status)
+            self.decider.refused(self.rid, self.rank, status)
             self._resolve(RETRY)
         else:
-            self.life.abandoned("rank_refused")
+            self._leave("rank_refused")
             self._whole(status, bytes(self.error), b"application/json")
             self._resolve(FINISHED)
 
@@ -350,7 +353,7 @@ class Exchange:
         if self.up is not None:
             self.up.release()
             self.up = None
-        tokens, prompt = report_finish(self.life, req, self.rank, st, self.ctx.clock())
+        tokens, prompt = self._report_finish()
         if req.stream:
             if not self.started:
                 self._start_stream(b"")
@@ -363,6 +366,31 @@ class Exchange:
             self._whole(200, orjson.dumps(answer), b"application/json")
         self._resolve(FINISHED)
 
+    def _report_finish(self) -> tuple[int, int]:
+        """The stream ended with ``[DONE]``: to the decider a completion with its tokens and
+        times, or an abort (cut short by the rank: not a completion to learn from); the output
+        and prompt tokens counted."""
+        st, now = self.st, self.ctx.clock()
+        if st.first_t is None:  # no token at all (max_tokens reached at once?): still an answer
+            st.first_t = st.last_t = now
+        tokens = max(1, st.tokens)
+        prompt = st.usage_prompt if st.usage_prompt > 0 else self.req.prompt_tokens
+        if st.finish_reason == ABORT:
+            self._leave("aborted")
+        else:
+            self.left = True
+            self.decider.finished(self.rid, self.rank, st.first_t, st.last_t or st.first_t,
+                                  tokens, prompt, st.finish_reason)  # fmt: skip
+        return tokens, prompt
+
+    def _leave(self, outcome: str | None) -> None:
+        """The request leaves the decider's group once (``outcome`` counted, even after)."""
+        if not self.left:
+            self.left = True
+            self.decider.abandoned(self.rid, outcome)
+        elif outcome is not None:
+            self.decider.count(outcome)
+
     def _fail(self, why: str) -> None:
         """The attempt failed: re-routed before the first token, else the answer ends with an
         error."""
@@ -370,10 +398,10 @@ class Exchange:
         if self.result is None or self.result.done():
             return
         if self.st.first_t is None:  # the rank produced nothing: known not to have started
-            self.life.rank_failed(self.rank, why)
+            self.decider.failed(self.rid, self.rank, why)
             self._resolve(RETRY)
             return
-        self.life.abandoned("broken")
+        self._leave("broken")
         message = f"rank {self.rank} failed after the first token ({why})"
         if self.started:
             self._event_error(message)

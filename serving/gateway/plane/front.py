@@ -11,7 +11,8 @@ A completion request (``POST /v1/completions``, ``POST /v1/chat/completions``) i
 Origin and Content-Type; the body's size; the bearer token; the body's fields, with vLLM's 400
 naming each bad one), counted and admitted through the decider, and answered by an
 :class:`~.exchange.Exchange`. Every other request is passed whole to the gateway's own app
-(probes, metrics, A/B, reload, models) on its Unix socket, and its answer passed back.
+(probes, metrics, A/B, reload, models): called in the process that holds it, or from a relay
+worker over the Unix socket where that process's front answers; its answer is passed back.
 
 Deadlines (:mod:`balanceroute.serving.http.deadline` describes them): a request's headers
 within ``header_timeout_s`` of its first byte (or of the connection's opening; else 408 and the
@@ -26,16 +27,18 @@ import contextlib
 import hmac
 import logging
 import os
+import socket
 from http import HTTPStatus
 from typing import Any
 
 import httptools
+import httpx
 import orjson
 from pydantic import BaseModel, ValidationError
 
 from balanceroute.features.prompts import chat_text
 from balanceroute.serving.gateway import errors
-from balanceroute.serving.gateway.life import LiveRequest
+from balanceroute.serving.gateway.decider import LiveRequest
 from balanceroute.serving.gateway.plane.exchange import Exchange
 from balanceroute.serving.gateway.plane.request import PlaneContext
 from balanceroute.serving.gateway.tokens import PromptCounter, prompt_key
@@ -80,13 +83,19 @@ def check_body(raw: bytes, model: type[BaseModel]) -> tuple[dict[str, Any], Any]
 
 class Front:
     """What a process's client connections share: the settings, the decider, the connections
-    to the ranks, the prompt counter and the requests in flight."""
+    to the ranks, the prompt counter, the requests in flight, and the gateway's app (``app``:
+    in this process; ``control``: the Unix socket a relay worker passes its requests to)."""
 
-    def __init__(self, ctx: PlaneContext, counter: PromptCounter, control: str) -> None:
+    def __init__(self, ctx: PlaneContext, counter: PromptCounter, *, app: Any = None,
+                 control: str | None = None) -> None:  # fmt: skip
         self.ctx = ctx
         self.settings = ctx.settings
         self.counter = counter
-        self.control = control
+        # the app: called in this process (an app's error is its 500), or over the socket
+        to_app = (httpx.AsyncHTTPTransport(uds=control) if app is None
+                  else httpx.ASGITransport(app, raise_app_exceptions=False))  # fmt: skip
+        self.app = httpx.AsyncClient(transport=to_app, base_url="http://127.0.0.1")
+        self.server: asyncio.base_events.Server | None = None
         self.pool = RankPool(ctx.settings, spares=True)
         self.origin = OriginCheck(None, ctx.settings, body=errors.refusal,  # type: ignore[arg-type]
                                   content_type_status=400)  # fmt: skip
@@ -96,6 +105,22 @@ class Front:
         self.passing: set[asyncio.Task] = set()  # pass-throughs in flight (held: not collected)
         self.idle = asyncio.Event()  # no request in flight
         self.idle.set()
+
+    async def listen(self, sock: socket.socket | None = None, path: str | None = None) -> None:
+        """Accept clients on ``sock`` (the shared client port) or the Unix socket ``path``."""
+        loop = asyncio.get_running_loop()
+        if sock is not None:
+            self.server = await loop.create_server(lambda: Connection(self), sock=sock,
+                                                   backlog=4096)  # fmt: skip
+        else:
+            self.server = await loop.create_unix_server(lambda: Connection(self), path)
+
+    def begin_drain(self) -> None:
+        """Shutdown began: stop accepting, 503 to new requests, the streams drain."""
+        self.ctx.drain.begin()
+        if self.server is not None:
+            self.server.close()
+        self.close_idle()
 
     def began(self, ex: Exchange) -> None:
         self.exchanges.add(ex)
@@ -320,23 +345,21 @@ class Connection(asyncio.Protocol):
 
     async def _pass(self, method: bytes, url: bytes, headers: Headers, body: bytes) -> None:
         """Anything but a completion is the gateway app's: passed whole to it (a HEAD as a GET
-        whose body is not sent on: the decider's answer is read to its end either way)."""
+        whose body is not sent on: the app's answer is read to its end either way)."""
         head_only = method == b"HEAD"
-        head = [(b"GET" if head_only else method) + b" " + url + b" HTTP/1.1", b"host: 127.0.0.1", b"connection: close",
-                b"content-length: %d" % len(body)]  # fmt: skip
-        head += [k + b": " + v for k, v in headers if k not in HOP]
+        method = b"GET" if head_only else method
+        headers = [(b"host", b"127.0.0.1"), (b"content-length", b"%d" % len(body)),
+                   *((k, v) for k, v in headers if k not in HOP)]  # fmt: skip
         try:
-            reader, writer = await asyncio.open_unix_connection(self.front.control)
-            writer.write(b"\r\n".join(head) + b"\r\n\r\n" + body)
-            raw = await reader.read()
-            writer.close()
-            status, out, content = parse_answer(raw)
-        except (OSError, ValueError) as exc:
+            r = await self.front.app.request(method.decode(), url.decode("latin-1"),
+                                             headers=headers, content=body)  # fmt: skip
+        except (OSError, httpx.HTTPError) as exc:
             self._json(503, error_body(503, f"the gateway's decider does not answer: {exc}"))
             return
         if self.transport.is_closing():
             return
-        self.respond(status, [(k, v) for k, v in out if k not in HOP], content, head_only)
+        self.respond(r.status_code, [(k, v) for k, v in r.headers.raw if k not in HOP], r.content,
+                     head_only)  # fmt: skip
 
     # ---- answers (also the exchange's) ---------------------------------------------------
     def respond(self, status: int, headers: Headers, body: bytes, head_only: bool = False) -> None:
@@ -425,30 +448,6 @@ class Connection(asyncio.Protocol):
             if not self.headers_done:
                 self.transport.write(REQUEST_TIMEOUT)
         self.transport.close()
-
-
-def parse_answer(raw: bytes) -> tuple[int, Headers, bytes]:
-    """A whole HTTP/1.1 answer read to its end: status, headers, body (ValueError if cut)."""
-    got: dict[str, Any] = {"headers": [], "body": [], "done": False}
-
-    class Reader:
-        def on_header(self, name: bytes, value: bytes) -> None:
-            got["headers"].append((name.lower(), value))
-
-        def on_body(self, body: bytes) -> None:
-            got["body"].append(body)
-
-        def on_message_complete(self) -> None:
-            got["done"] = True
-
-    parser = httptools.HttpResponseParser(Reader())
-    try:
-        parser.feed_data(raw)
-    except httptools.HttpParserError as exc:
-        raise ValueError(f"a bad answer from the decider: {exc}") from None
-    if not got["done"]:
-        raise ValueError("the decider's answer ended early")
-    return parser.get_status_code(), got["headers"], b"".join(got["body"])
 
 
 def _phrase(status: int) -> bytes:

@@ -22,7 +22,7 @@ from typing import Any
 
 import uvloop
 
-from balanceroute.serving.gateway.plane.front import Connection, Front
+from balanceroute.serving.gateway.plane.front import Front
 from balanceroute.serving.gateway.plane.request import PlaneContext
 from balanceroute.serving.gateway.plane.wire import DeciderProxy
 from balanceroute.serving.gateway.settings import GatewaySettings
@@ -39,18 +39,15 @@ async def serve(spec: dict[str, Any], settings: GatewaySettings) -> None:
     stop = asyncio.Event()
     proxy = DeciderProxy(spec["events"], stop.set)
     ctx = PlaneContext(settings, proxy, spec.get("upstream_key"))
-    front = Front(ctx, PromptCounter(settings.tokenizer), spec["control"])
+    front = Front(ctx, PromptCounter(settings.tokenizer), control=spec["control"])
     await proxy.open()
-    listener = socket.socket(fileno=int(spec["fd"]))
-    server = await loop.create_server(lambda: Connection(front), sock=listener, backlog=4096)
+    await front.listen(sock=socket.socket(fileno=int(spec["fd"])))
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     gc.collect()
     gc.freeze()  # the imports and models live as long as the process: shorter GC pauses
     await stop.wait()
-    server.close()
-    ctx.drain.begin()
-    front.close_idle()
+    front.begin_drain()
     await front.drained(GRACE_S)
     await proxy.close()
 

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from balanceroute.serving.gateway.life import LiveRequest
+from balanceroute.serving.gateway.decider import LiveRequest
 from balanceroute.serving.gateway.plane.exchange import Exchange, request_head
-from balanceroute.serving.gateway.plane.front import BadBody, check_body, parse_answer
+from balanceroute.serving.gateway.plane.front import BadBody, check_body
 from balanceroute.serving.gateway.plane.request import FINISHED, MARKERS, PlaneContext, matters
 from balanceroute.serving.gateway.plane.wire import DeciderProxy
 from balanceroute.serving.gateway.settings import GatewaySettings
@@ -152,15 +152,10 @@ def test_the_body_check_answers_as_vllm():
     assert data["prompt"] == "hi" and checked.stream is True
 
 
-def test_the_request_head_and_an_answer_parse():
+def test_the_request_head():
     head = request_head(RankPool(SETTINGS), 0, "/v1/completions", {"x-request-id": "a"}, 12)
     assert head.startswith(b"POST /base/v1/completions HTTP/1.1\r\nhost: 127.0.0.1:9\r\n")
     assert head.endswith(b"x-request-id: a\r\ncontent-length: 12\r\n\r\n")
-    status, headers, body = parse_answer(b"HTTP/1.1 404 Not Found\r\ncontent-length: 2\r\n"
-                                         b"X-A: b\r\n\r\nno")  # fmt: skip
-    assert (status, body) == (404, b"no") and (b"x-a", b"b") in headers
-    with pytest.raises(ValueError):
-        parse_answer(b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\nshort")
 
 
 PIECES = [b'"finish_reason":null', b'"finish_reason":"stop"', b'"finish_reason": "length"',

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import math
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -18,9 +17,9 @@ import pytest
 from balanceroute.router.policies.specs import RouterSpec
 from balanceroute.serving.gateway.arms import Arm
 from balanceroute.serving.gateway.clock import ClockedGroup, EngineCounters
+from balanceroute.serving.gateway.decider import Decider, Rejected, admitted, arrive
 from balanceroute.serving.gateway.dispatch import Dispatcher
 from balanceroute.serving.gateway.health import RankHealth
-from balanceroute.serving.gateway.life import NoRankInRotation, RequestLife, arrive
 from balanceroute.serving.gateway.metrics import GatewayMetrics
 from balanceroute.serving.gateway.settings import GatewaySettings
 from balanceroute.serving.gateway.state import LiveGroup
@@ -152,12 +151,10 @@ def test_a_queued_request_still_gets_its_503_after_the_no_rank_wait(tmp_path: Pa
         await gw.start()
         try:
             await until_async(lambda: gw.health.outage_since is not None, what="the outage")
-            checked = SimpleNamespace(stream=False, stream_options=None)
-            req = arrive(gw, request_id=None, path="/v1/completions", chat=False,
-                         body={}, checked=checked, tokens=10, key="k", key_hash=1)  # fmt: skip
-            with pytest.raises(NoRankInRotation, match="no-rank-wait"):
-                await asyncio.wait_for(RequestLife(gw, req).admitted(), 30)
-            RequestLife(gw, req).abandoned("no_rank")
+            req = arrive(gw, "r", 10, "k", 1, False)
+            with pytest.raises(Rejected, match="no-rank-wait"):
+                await asyncio.wait_for(admitted(gw, req), 30)
+            Decider(gw).leave(req, "no_rank")
         finally:
             await gw.stop()
         ticks = pd.read_parquet(tmp_path / "ticks.parquet")

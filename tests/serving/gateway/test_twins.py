@@ -51,7 +51,7 @@ def _arm(label: str = LABEL) -> Arm:
 
 
 class Traffic:
-    """Requests through the live group and the twins' feed, as :mod:`...life` reports them:
+    """Requests through the live group and the twins' feed, as :mod:`...decider` reports them:
     arrival, tokens, finish (or abandon), one decision per step."""
 
     def __init__(self, arms: list[Arm], twins: GatewayTwins, seed: int = 0) -> None:

@@ -21,8 +21,8 @@ from balanceroute.router.policies.policy import Policy
 from balanceroute.router.policies.specs import RouterSpec
 from balanceroute.router.policies.state import Admissions
 from balanceroute.serving.gateway.arms import Arm, Handle
+from balanceroute.serving.gateway.decider import LiveRequest
 from balanceroute.serving.gateway.dispatch import Dispatcher, tick_table
-from balanceroute.serving.gateway.life import LiveRequest
 from balanceroute.serving.gateway.metrics import GatewayMetrics
 from balanceroute.serving.gateway.plane.request import Stream, rank_body, read_event
 from balanceroute.serving.gateway.settings import GatewaySettings

@@ -146,6 +146,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         if args.trace is None:
             raise UserError("real-group: --trace is required (unless --remeasure)")
+        if args.requests <= args.ranks * args.slots:
+            print(f"real-group: {args.requests} requests fit the group's {args.ranks} x "
+                  f"{args.slots} slots at once: no request waits, so the saturated figures "
+                  "cover only the first prefills", file=sys.stderr)  # fmt: skip
         engine_ready(args.engine)
         spec = SliceSpec(trace=args.trace, repeats=args.repeats, requests=args.requests,
                          prompt_scale=args.prompt_scale, output_scale=args.output_scale,

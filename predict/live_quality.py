@@ -162,7 +162,8 @@ def window_scores(
     min_finished: int = MIN_FINISHED,
 ) -> dict[str, float]:  # fmt: skip
     """The gauges' values for one window: predictions ``p``, ``c`` and outcomes ``y`` (finished
-    within H), ``m`` (realised ``min(r, H)``); NaN where the window cannot say (module docstring)."""
+    within H), ``m`` (realised ``min(r, H)``); NaN where the window cannot say (module
+    docstring)."""
     nan = float("nan")
     out = dict.fromkeys(LIVE_QUALITY_METRICS, nan)
     out[LIVE_WINDOW] = float(p.size)

@@ -9,9 +9,9 @@ names of :mod:`balanceroute.features.columns`), ``finish_s`` and ``finish_reason
 holds only whole outputs, what the estimators may learn from), and what the deployed estimator
 predicted at admission: ``predicted_p_finish`` (``P(r <= H)``), ``predicted_c``
 (``E[min(r, H)]``), ``predicted_horizon`` (``H``), ``model_name``, ``model_version`` (null for an
-arm without one; :mod:`balanceroute.predict.live_quality`). Rows are buffered and a part is written whole, atomically,
-once the buffer holds about ``rotate_bytes`` or its oldest row is ``rotate_s`` old (10 s, checked
-every second), and at shutdown: a SIGKILL loses at most the last ``rotate_s`` + 1 s of rows. ``arrival_s`` counts seconds from the log's origin, kept in ``DIR/completions/log.json``
+arm without one; :mod:`balanceroute.predict.live_quality`). Rows are buffered and a part is
+written whole, atomically, once the buffer holds about ``rotate_bytes`` or its oldest row is
+``rotate_s`` old (10 s, checked every second), and at shutdown: a SIGKILL loses at most the last ``rotate_s`` + 1 s of rows. ``arrival_s`` counts seconds from the log's origin, kept in ``DIR/completions/log.json``
 so the parts of several gateway runs into one folder share one clock (the loaders bound arrival
 times, so epoch seconds would not do).
 """

@@ -326,10 +326,11 @@ class Dispatcher:
             fut = self.waiters.pop(p, None)
             if fut is not None and not fut.done():
                 fut.set_result(g)
-        if self.quality is not None and positions:  # what the deployed model predicts at admission
-            t = group.table
-            self.quality.admit(arm.handle, positions, t.prompt_tokens[positions],
-                               t.prompt_key[positions])  # fmt: skip
+        if self.quality is not None and positions:  # the deployed model's prediction at admission,
+            t, admit = group.table, self.quality.admit  # once the admitted requests are forwarded
+            asyncio.get_running_loop().call_soon(
+                admit, arm.handle, positions, t.prompt_tokens[positions], t.prompt_key[positions]
+            )
         self.metrics.admitted.labels(arm.label).inc(len(positions))
         return len(positions)
 

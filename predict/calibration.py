@@ -1,6 +1,8 @@
 """Probability calibration maths: expected calibration error, Platt scaling, online recalibration.
 
-- :func:`expected_calibration_error` is the one ECE definition (``training.metrics`` re-exports it);
+- :func:`expected_calibration_error`, :func:`brier_score` and :func:`auc` are the one definitions
+  of ECE, Brier and AUC (``training.metrics`` re-exports them; the live quality gauges of
+  :mod:`.live_quality` use them too);
 - :func:`fit_platt` fits ``p = sigmoid(a * logit(raw) + b)`` by weighted Newton steps, optionally
   pulled toward prior parameters; :func:`platt_scaled` applies it;
 - :func:`fit_platt_online` fits it on a held-out slice together with the online recalibrator
@@ -32,6 +34,21 @@ def expected_calibration_error(
     sp = np.bincount(b, weights=w * p, minlength=bins)
     sy = np.bincount(b, weights=w * y, minlength=bins)
     return float(np.abs(sp - sy).sum() / w.sum())
+
+
+def brier_score(p: np.ndarray, y: np.ndarray) -> float:
+    """Brier score: mean squared difference of probabilities ``p`` and outcomes ``y`` in {0, 1}."""
+    return float(np.mean((p - y) ** 2)) if p.size else float("nan")
+
+
+def auc(p: np.ndarray, y: np.ndarray, weight: np.ndarray | None = None) -> float:
+    """ROC AUC of scores ``p`` for outcomes ``y``, optionally weighted (NaN when ``y`` has one
+    class only)."""
+    if np.unique(y).size < 2:
+        return float("nan")
+    from sklearn.metrics import roc_auc_score  # lazily: a gateway scores only when scraped
+
+    return float(roc_auc_score(y, p, sample_weight=weight))
 
 
 def logit(p: np.ndarray) -> np.ndarray:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
-from sklearn.metrics import roc_auc_score
 
-from balanceroute.predict.calibration import expected_calibration_error
+from balanceroute.predict.calibration import auc, brier_score, expected_calibration_error
 
-__all__ = ["auc", "expected_calibration_error", "reliability", "score", "score_by_age"]
+__all__ = ["auc", "brier_score", "expected_calibration_error", "reliability", "score",
+           "score_by_age"]  # fmt: skip
 
 AGE_BUCKETS: tuple[int, ...] = (0, 16, 64, 256, 1024)
 
@@ -26,21 +26,13 @@ def reliability(p: np.ndarray, y: np.ndarray, bins: int = 15) -> dict[str, list[
     }
 
 
-def auc(p: np.ndarray, y: np.ndarray, weight: np.ndarray | None = None) -> float:
-    """ROC AUC of scores ``p`` for outcomes ``y``, optionally weighted (NaN when ``y`` has one
-    class only)."""
-    if np.unique(y).size < 2:
-        return float("nan")
-    return float(roc_auc_score(y, p, sample_weight=weight))
-
-
 def score(p: np.ndarray, c: np.ndarray, remaining: np.ndarray, horizon: int) -> dict[str, float]:
     """All metrics for predictions against true remaining lengths ``r``."""
     y = (remaining <= horizon).astype(np.float64)
     pc = np.clip(p, 1e-6, 1 - 1e-6)
     return {
         "auc": auc(p, y),
-        "brier": float(np.mean((p - y) ** 2)),
+        "brier": brier_score(p, y),
         "log_loss": float(-np.mean(y * np.log(pc) + (1 - y) * np.log(1 - pc))),
         "ece": expected_calibration_error(p, y),
         "c_mae": float(np.mean(np.abs(c - np.minimum(remaining, horizon)))),

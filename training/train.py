@@ -181,6 +181,7 @@ def fit_candidates(cfg: TrainConfig, frame: pd.DataFrame) -> Trained:
         )
         progress(f"fitting {kind} on all {len(history):,} requests (the model registered)")
         full = build_estimator(estimator_spec(cfg, kind), history=history)
+        full.holdout_brier_ = float(m["brier"])  # the live drift gauge's reference
         done.files[kind] = save_estimator(full, out_dir / f"{kind}.joblib")
     return done
 

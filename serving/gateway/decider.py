@@ -215,7 +215,8 @@ class Decider:
             gw.switchback.finished(tpot, now)
         gw.metrics.outcomes.labels("completed").inc()
         gw.log.add(req.request_id, req.arrival_epoch, prompt, tokens, req.prompt_key, rank, arm,
-                   req.queue_s, time.time(), finish_reason)  # fmt: skip
+                   req.queue_s, time.time(), finish_reason,
+                   gw.quality.finish(pos, tokens))  # fmt: skip
         req.finished = True
         gw.twins.finished(req.ticket, tokens, now)
         gw.dispatcher.forget(pos)

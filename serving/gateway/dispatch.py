@@ -49,6 +49,7 @@ from enum import Enum
 import numpy as np
 import pyarrow as pa
 
+from balanceroute.predict.live_quality import LiveQuality
 from balanceroute.router.policies.admission import admission_violation
 from balanceroute.router.policies.policy import RunContext
 from balanceroute.serving.gateway.arms import Arm, completed, fan_out, mute_policies
@@ -207,6 +208,7 @@ class Dispatcher:
         self._alarm: asyncio.Future[bool] | None = None  # the idle loop's, rung by wake()
         self._late: float | None = None  # how late the loop's last timer ran, seconds
         self.on_lag: Callable[[float], None] | None = None  # told that with each regular sample
+        self.quality: LiveQuality | None = None  # told each admission's prediction
         self._load_gauges = [metrics.load.labels(str(g)) for g in range(group.ranks)]
         self._running_gauges = [metrics.running.labels(str(g)) for g in range(group.ranks)]
         self._fallbacks: dict[str, int] = dict.fromkeys(self.arms, 0)
@@ -324,6 +326,11 @@ class Dispatcher:
             fut = self.waiters.pop(p, None)
             if fut is not None and not fut.done():
                 fut.set_result(g)
+        if self.quality is not None and positions:  # the deployed model's prediction at admission,
+            t, admit = group.table, self.quality.admit  # once the admitted requests are forwarded
+            asyncio.get_running_loop().call_soon(
+                admit, arm.handle, positions, t.prompt_tokens[positions], t.prompt_key[positions]
+            )
         self.metrics.admitted.labels(arm.label).inc(len(positions))
         return len(positions)
 

@@ -25,6 +25,7 @@ import pandas as pd
 from balanceroute.features.errors import UserError
 from balanceroute.features.files import write_parquet
 from balanceroute.features.workload import WorkloadSpec, load_workload
+from balanceroute.predict.live_quality import LiveQuality
 from balanceroute.serving.gateway.arms import Arm, build_arms
 from balanceroute.serving.gateway.clock import ClockedGroup, EngineCounters
 from balanceroute.serving.gateway.completions import CompletionLog
@@ -95,6 +96,8 @@ class Gateway:
             self.clock(),
         )
         self.loop_lag = LoopLag(self.metrics.loop_lag)
+        self.quality = LiveQuality()  # predictions at admission beside outcomes, on /metrics
+        self.metrics.registry.register(self.quality)
         self.recent = RecentCompletions(RECENT_COMPLETIONS)
         self.twins = GatewayTwins(arms, settings.group, settings.slots, seed=settings.seed,
                                   enabled=settings.twins, nice=settings.twin_nice)  # fmt: skip
@@ -111,6 +114,7 @@ class Gateway:
             quiet_s=settings.hold_quiet_s,
             step_s=settings.hold_step_s,
         )
+        self.dispatcher.quality = self.quality
         # the ranks' kept-alive connections for health checks, step-counter reads and models
         self.probes = RankPool(settings)
         self.health = RankHealth(settings, self.group, self.metrics, self.dispatcher.wake,

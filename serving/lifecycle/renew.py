@@ -28,6 +28,7 @@ from pydantic import BaseModel
 from balanceroute.features.errors import UserError
 from balanceroute.predict.base import CompletedBatch, CompletionEstimator
 from balanceroute.predict.health import canary_batch, health_problem
+from balanceroute.predict.live_quality import stamp
 from balanceroute.predict.model_store import is_file_reference, model_uri
 from balanceroute.serving.lifecycle.recent import RecentCompletions
 from balanceroute.serving.lifecycle.sources import Resolved, fetch
@@ -86,6 +87,7 @@ def prepare(
         return None
     resolved, estimator = fetched
     estimator.check_fitted()
+    stamp(estimator, resolved.name, resolved.version, resolved.metrics)  # the live gauges' labels
     if kind is not None and estimator.name != kind:
         raise UserError(f"model {uri} holds a '{estimator.name}' estimator, not '{kind}'")
     if after_load is not None:

@@ -67,6 +67,7 @@ def create_app(settings: ServeSettings, *, store: ModelSlots | None = None) -> F
     """A service for ``settings``; models load in the background after startup (see /readyz)."""
     metrics = ServiceMetrics()
     twins = RouteTwins()
+    metrics.registry.register(twins.quality)  # the live prediction quality gauges
 
     def swapped(slot: str, old: LoadedModel | None, new: LoadedModel) -> None:
         metrics.swapped(slot, old, new)

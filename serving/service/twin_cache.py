@@ -13,6 +13,12 @@ service admitted and never saw running finished within one call (``iteration`` d
 tokens); an id that left the pool unadmitted was **dropped** (never replayed). Only ids of the
 last call are kept, so memory is bounded by the pool and the running requests.
 
+The same lives score the model's predictions live (:class:`~balanceroute.predict.live_quality.
+LiveQuality`, ``quality``, on ``/metrics``): what the model predicted for each request this
+service admitted, at admission (age 0), against the output length its finish shows (exact when
+the dispatcher calls every iteration). The service keeps no completion log: its callers' ids and
+lengths are known only through these snapshots.
+
 The twin's weight is read at the call (never waited for: the child's last report); until the
 twin has evidence it is the start weight, ``w = 0``: the arm routes exactly as ``brh:none``
 does; while the child is down, ``w = 0`` too.
@@ -24,7 +30,10 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from balanceroute.predict.base import CompletionEstimator
+from balanceroute.predict.live_quality import LiveQuality
 from balanceroute.router.lab.cost import CostModel
 from balanceroute.router.lab.twin.config import TwinConfig, TwinGroup
 from balanceroute.router.lab.twin.live import pending_limit
@@ -72,6 +81,7 @@ class RouteTwins:
         self.start = start
         self.worker = TwinProcess(cpu_share=self.config.cpu_share)
         self._streams: dict[tuple[str, str], _Stream] = {}
+        self.quality = LiveQuality()
 
     def run(self) -> None:
         """Start the twins' process (the child itself starts with the first twin)."""
@@ -98,7 +108,7 @@ class RouteTwins:
         stream = self._streams.get(key)
         if stream is None or stream.shape != (g, b) or req.iteration < stream.last_iteration:
             stream = self._new_stream(key, req, g, b, estimator, lock)
-        self._track(stream, req)
+        self._track(stream, req, key)
         self.worker.pump()
         if self.worker.down:
             return 0.0
@@ -135,18 +145,19 @@ class RouteTwins:
         stream = self._streams[key] = _Stream(channel, (g, b), start)
         return stream
 
-    def _track(self, stream: _Stream, req: RouteRequest) -> None:
-        """Arrivals, finishes and drops since the last call, into the feed."""
+    def _track(self, stream: _Stream, req: RouteRequest, key: tuple[str, str]) -> None:
+        """Arrivals, finishes and drops since the last call, into the feed (and the finishes
+        into the live quality)."""
         k, t = req.iteration, req.time_s
         feed, seen = stream.channel.feed, stream.seen
         running = {r.id: r.age for w in req.workers for r in w.running}
         pool_ids = {p.id for p in req.pool}
         for rid in [rid for rid in seen if rid not in running and rid not in pool_ids]:
             s = seen.pop(rid)
-            if s.running:
-                feed.finished(s.ticket, s.age + max(1, k - s.at), t)
-            elif s.admitted_at is not None:
-                feed.finished(s.ticket, max(1, k - s.admitted_at), t)
+            if s.running or s.admitted_at is not None:
+                tokens = s.age + max(1, k - s.at) if s.running else max(1, k - s.admitted_at)
+                feed.finished(s.ticket, tokens, t)
+                self.quality.finish((*key, rid), tokens)
             else:
                 feed.dropped(s.ticket)
         fresh = [p for p in req.pool if p.id not in seen]
@@ -163,8 +174,17 @@ class RouteTwins:
         stream.last_iteration = k
         feed.tick(k)
 
-    def admitted(self, arm: str, policy: str, ids: list[Any], iteration: int) -> None:
-        """The pool ids this call admitted (they may finish before the next call)."""
+    def admitted(
+        self,
+        arm: str,
+        policy: str,
+        ids: list[Any],
+        iteration: int,
+        req: RouteRequest | None = None,
+        estimator: CompletionEstimator | None = None,
+    ) -> None:
+        """The pool ids this call admitted (they may finish before the next call); with the
+        call and its model, what the model predicts for them now is kept for the live quality."""
         stream = self._streams.get((arm, policy))
         if stream is None:
             return
@@ -172,6 +192,12 @@ class RouteTwins:
             s = stream.seen.get(rid)
             if s is not None:
                 s.admitted_at = iteration
+        if req is not None and estimator is not None and ids:
+            by_id = {p.id: p for p in req.pool}
+            pool = [by_id[rid] for rid in ids if rid in by_id]
+            tokens = np.array([p.prompt_tokens for p in pool], dtype=np.int64)
+            keys = key_column([p.prompt_key for p in pool])
+            self.quality.admit(estimator, [(arm, policy, p.id) for p in pool], tokens, keys)
 
     def drop(self, arm: str) -> None:
         """Forget an arm's twins (its model changed: the verdict was about the old one)."""

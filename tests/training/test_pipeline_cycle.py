@@ -17,7 +17,9 @@ import pytest
 from mlflow import MlflowClient
 
 from balanceroute.features.synthetic import generate
-from balanceroute.predict.live_quality import HOLDOUT_BRIER_TAG
+from balanceroute.predict.live_quality import HOLDOUT_BRIER_TAG, identity, stamp
+from balanceroute.predict.model_store import load_estimator
+from balanceroute.serving.lifecycle.sources import resolve_registry
 from balanceroute.training.log_window import WINDOW_END_TAG
 from balanceroute.training.pipeline import (
     CycleResult,
@@ -70,6 +72,14 @@ def test_a_cycle_registers_lineage_and_then_has_nothing_to_do(promoted, capsys) 
     version = MlflowClient().get_model_version_by_alias(MODEL, "champion")
     tags = version.tags
     assert float(tags[HOLDOUT_BRIER_TAG]) > 0 and tags["kind"] == "survival"
+    # the drift gauge's reference: saved with the estimator and read from the registry at load
+    uri = f"models:/{MODEL}@champion"
+    est = load_estimator(uri)
+    assert est.holdout_brier_ == pytest.approx(float(tags[HOLDOUT_BRIER_TAG]))
+    resolved = resolve_registry(uri)
+    stamp(est, resolved.name, resolved.version, resolved.metrics)
+    assert identity(est).holdout_brier == pytest.approx(float(tags[HOLDOUT_BRIER_TAG]))
+    assert identity(est).version == str(version.version)
     assert tags["pipeline.window_rows"] == "1200" and tags["pipeline.log"] == str(promoted)
     assert tags["pipeline.code_version"].startswith("0.")
     assert "twin_prior.2x4.start_weight" in tags and float(tags[WINDOW_END_TAG]) > 1.7e9

@@ -148,7 +148,8 @@ def _decide(
     try:
         admissions, described = decide(req, estimator, twin if model is not None else None)
         if model is not None and "blend_used" in described:
-            twins.admitted(model.slot, req.policy, [a["id"] for a in admissions], req.iteration)
+            twins.admitted(model.slot, req.policy, [a["id"] for a in admissions], req.iteration,
+                           req, estimator)  # fmt: skip
         return admissions, described, model, None
     except (InvalidOptions, DecisionError):
         raise

@@ -5,6 +5,7 @@ for it."""
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 
@@ -198,6 +199,13 @@ def test_a_real_service_twin_sees_completions_advances_and_is_in_metrics(module_
     assert all(w in (0.0, 0.5, 1.0) for w in d.weights)
     for name in ("weight", "blocks", "switches", "cpu_seconds", "lag_blocks"):
         assert f'balanceroute_route_twin_{name}{{arm="a",policy="brh"}}' in text
+    # the live quality of what the model predicted at admission (all finish within H = 80 here:
+    # one class, so the Brier is NaN; the window counts them)
+    window = re.search(
+        r'balanceroute_live_window_requests\{model="survival",version="\w+"\} (\S+)', text
+    )
+    assert window is not None and float(window[1]) > 0
+    assert re.search(r'balanceroute_live_brier\{model="survival",version="\w+"\} NaN', text)
     assert "balanceroute_route_guard" not in text  # retired
 
 

@@ -288,15 +288,19 @@ class DecodeGroup:
         if n > firsts and prev_end is not None:
             m.tpot.observe(t_end - prev_end, n - firsts)
         if done:
-            keep = []
-            for r in rank.running:
-                if r.generated == r.target:
-                    rank.load -= r.prompt_tokens + r.generated
-                    self._close(r, FINISHED, t_end)
-                else:
-                    keep.append(r)
-            rank.running = keep
+            self._retire_finished(rank, t_end)
         return done
+
+    def _retire_finished(self, rank: RankState, t_end: float) -> None:
+        """The rank's requests that reached their target leave it, closed as finished."""
+        keep = []
+        for r in rank.running:
+            if r.generated == r.target:
+                rank.load -= r.prompt_tokens + r.generated
+                self._close(r, FINISHED, t_end)
+            else:
+                keep.append(r)
+        rank.running = keep
 
     def _emit(self, t_end: float, prev_end: float | None) -> tuple[int, int]:
         """End of an iteration: every running request emits one token (one pass)."""
@@ -335,14 +339,7 @@ class DecodeGroup:
             if n > first and prev_end is not None:
                 m.tpot.observe(t_end - prev_end, n - first)
             if done_here:
-                keep = []
-                for r in running:
-                    if r.generated == r.target:
-                        rank.load -= r.prompt_tokens + r.generated
-                        self._close(r, FINISHED, t_end)
-                    else:
-                        keep.append(r)
-                rank.running = keep
+                self._retire_finished(rank, t_end)
             emitted += n
             finished += done_here
         return emitted, finished

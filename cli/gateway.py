@@ -67,11 +67,5 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     """Check everything and load every model first (errors exit 2), then serve until stopped."""
     settings = settings_from_args(args)
     gateway = build_gateway(settings)
-    arms = ", ".join(a.label for a in gateway.arms)
-    print(
-        f"gateway on http://{settings.host}:{settings.port} in front of {settings.group} ranks "
-        f"x {settings.slots} slots; arms: {arms}",
-        flush=True,
-    )
-    run(settings, gateway)
+    run(settings, gateway)  # its first log line says where it listens, the group and the arms
     return 0

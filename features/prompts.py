@@ -18,6 +18,9 @@ import hashlib
 from collections.abc import Sequence
 
 PROMPT_KEY_TOKENS = 16
+# a key word is cut to this many characters: a client's prompt cannot make its key, which
+# crosses processes and lands in the completion log, longer than 16 x 65 characters
+KEY_WORD_CHARS = 64
 # count_tokens' byte map: the ASCII characters str.split() splits on to b" ", the rest to b"x"
 _WORD_MARKS = bytes(32 if chr(b).isspace() else 120 for b in range(128)) + b"x" * 128
 
@@ -85,9 +88,11 @@ def build_prompt_ids(n_tokens: int, prompt_key: str | None = None) -> list[int]:
 
 
 def prompt_key_of(prompt: str | Sequence[int]) -> str:
-    """The live prompt key: the first ``PROMPT_KEY_TOKENS`` tokens joined by one space."""
+    """The live prompt key: the first ``PROMPT_KEY_TOKENS`` tokens joined by one space (each word
+    cut to ``KEY_WORD_CHARS`` characters)."""
     if isinstance(prompt, str):
-        return " ".join(prompt.split(None, PROMPT_KEY_TOKENS)[:PROMPT_KEY_TOKENS])
+        words = prompt.split(None, PROMPT_KEY_TOKENS)[:PROMPT_KEY_TOKENS]
+        return " ".join(w[:KEY_WORD_CHARS] for w in words)
     return " ".join(str(int(t)) for t in prompt[:PROMPT_KEY_TOKENS])
 
 

@@ -58,7 +58,9 @@ def logit(p: np.ndarray) -> np.ndarray:
 
 
 def sigmoid(z: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-z))
+    """1 / (1 + exp(-z)), without numpy's overflow warning for a very negative ``z`` (an
+    unstamped stderr line in a server's log)."""
+    return 1.0 / (1.0 + np.exp(-np.clip(z, -500.0, 500.0)))
 
 
 def fit_platt(

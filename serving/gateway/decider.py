@@ -29,6 +29,7 @@ from balanceroute.serving.gateway.clock import ClockedGroup
 from balanceroute.serving.gateway.runtime import Gateway
 
 RELAY_LOST = "relay_lost"
+BROKEN = "broken"  # a stream that broke after its first token: counted against its rank
 
 
 class Rejected(Exception):
@@ -214,6 +215,7 @@ class Decider:
             gw.metrics.tpot.labels(arm).observe(tpot)
             gw.switchback.finished(tpot, now)
         gw.metrics.outcomes.labels("completed").inc()
+        gw.health.served(rank)
         gw.log.add(req.request_id, req.arrival_epoch, prompt, tokens, req.prompt_key, rank, arm,
                    req.queue_s, time.time(), finish_reason,
                    gw.quality.finish(pos, tokens))  # fmt: skip
@@ -268,7 +270,10 @@ class Decider:
         task = self.waiting.pop(rid, None)
         if task is not None:
             task.cancel()
+        rank = int(self.group.rank[req.position]) if not req.finished else -1
         self.leave(req, outcome)
+        if outcome == BROKEN and rank >= 0:  # passive health: /health cannot see this
+            self.gw.health.broke(rank)
 
     def leave(self, req: LiveRequest, outcome: str | None = None) -> None:
         """``req``'s position leaves the pool or its rank, once (nothing learned);

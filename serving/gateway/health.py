@@ -9,7 +9,13 @@ count), is serving: it is not probed that round, so a busy group costs no checks
 quiet, suspect, out or refusing the key is.
 
 A forwarding failure marks its rank suspect at once and checks it without waiting for the next
-round. A rank that refused the gateway's credentials (401/403: a wrong
+round. ``health_fall`` streams in a row that broke after their first token (reset, cut short,
+past the chunk deadline, not valid SSE: :meth:`RankHealth.broke`) eject a rank as Envoy's outlier
+detection does: ``/health`` cannot vouch for streams (a rank can answer it and break every
+stream), so the rank stays out for :data:`EJECT_S` times 2 to the number of its earlier
+ejections (at most :data:`EJECT_MAX_S`) whatever its checks say, then comes back on probation
+(after ``health_rise`` good checks): its next broken stream ejects it again, and a stream it
+finishes in full clears its record. A rank that refused the gateway's credentials (401/403: a wrong
 ``BALANCEROUTE_UPSTREAM_API_KEY``) looks healthy to ``/health``, which vLLM does not guard, so it
 is checked with ``GET /v1/models`` and the key instead, and stays out, named so in ``/readyz``
 and the log, until it accepts them. In header mode the ranks share one upstream: its health is
@@ -43,6 +49,7 @@ log = logging.getLogger("balanceroute.gateway")
 Fetch = Callable[[int, str, dict[str, str], float], Awaitable[tuple[int, bytes]]]
 CHECK_TIMEOUT_S = 2.0
 LATE_LOOP_S = 0.25  # a timeout that fired this late past its deadline says the loop stalled
+EJECT_S, EJECT_MAX_S = 10.0, 300.0  # a rank breaking streams stays out this long, doubling
 
 
 class RankHealth:
@@ -70,6 +77,9 @@ class RankHealth:
         self.skipped = 0  # checks not made: the rank was serving
         self.unjudged = 0  # checks that timed out while the gateway's own loop was late
         self.passes = [0] * group.ranks  # good checks in a row
+        self.breaks = [0] * group.ranks  # streams broken after their first token, in a row
+        self.ejections = [0] * group.ranks  # times ejected for broken streams, since a good one
+        self.ejected_until = [0.0] * group.ranks  # monotonic time an ejection ends
         for g in range(group.ranks):
             metrics.healthy.labels(str(g)).set(1)
         self.outage_since: float | None = None  # monotonic time the last rank left the rotation
@@ -113,7 +123,9 @@ class RankHealth:
         in_rotation = bool(self.group.healthy[rank])
         if ok:
             self.fails[rank], self.passes[rank] = 0, self.passes[rank] + 1
-            if not in_rotation and self.passes[rank] >= self.settings.health_rise:
+            if time.monotonic() < self.ejected_until[rank]:  # its checks cannot vouch for it
+                self.passes[rank] = 0
+            elif not in_rotation and self.passes[rank] >= self.settings.health_rise:
                 self._set(rank, True)
             return
         self.fails[rank], self.passes[rank] = self.fails[rank] + 1, 0
@@ -129,6 +141,22 @@ class RankHealth:
         self.passes[rank] = 0
         self._set(rank, False, why)
         self._poke.set()
+
+    def broke(self, rank: int) -> None:
+        """A stream on ``rank`` broke after its first token: ``health_fall`` in a row (or one on
+        probation) take the rank out (module docstring)."""
+        self.breaks[rank] += 1
+        if self.breaks[rank] < self.settings.health_fall or not self.group.healthy[rank]:
+            return
+        out_s = min(EJECT_S * 2 ** self.ejections[rank], EJECT_MAX_S)
+        self.ejections[rank] += 1
+        self.ejected_until[rank] = time.monotonic() + out_s
+        self.suspect(rank, f"{self.breaks[rank]} streams in a row broke after their first token "
+                     f"(reset, cut short, late or not valid SSE): out for {out_s:g} s")  # fmt: skip
+
+    def served(self, rank: int) -> None:
+        """A stream on ``rank`` ended in full: its broken streams are forgiven."""
+        self.breaks[rank] = self.ejections[rank] = 0
 
     def refused_credentials(self, rank: int, why: str) -> None:
         """``rank`` answered 401/403 to a forwarded request: out until it accepts the key."""

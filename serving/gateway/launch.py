@@ -11,8 +11,10 @@ once), and connections the kernel queued wait for the other workers. The gateway
 directly, and with relay workers a second front here answers the paths they pass to it on a
 Unix socket.
 
-SIGTERM drains: new requests get 503, the streams in flight get ``drain_timeout_s`` to finish,
-then end with an SSE error event; the decider keeps deciding until they have.
+SIGTERM drains: the client port is closed at once in every layout (new connections are
+refused), new requests on open connections get 503, the streams in flight get
+``drain_timeout_s`` to finish, then end with an SSE error event; the decider keeps deciding until
+they have. The Unix sockets' folder (relay workers only) is removed on the way out.
 """
 
 from __future__ import annotations
@@ -37,7 +39,6 @@ from balanceroute.serving.gateway.decider import Decider
 from balanceroute.serving.gateway.plane.front import Front
 from balanceroute.serving.gateway.plane.request import PlaneContext
 from balanceroute.serving.gateway.plane.wire import Links
-from balanceroute.serving.gateway.plane.worker import SPEC_ENV
 from balanceroute.serving.gateway.runtime import UPSTREAM_KEY_ENV, Gateway
 from balanceroute.serving.gateway.settings import GatewaySettings
 from balanceroute.serving.http.server import configure_logging
@@ -46,6 +47,7 @@ log = logging.getLogger("balanceroute.gateway")
 GRACE_S = 3  # after the drain deadline: the cut streams' last events and the shutdown itself
 RESPAWN_S = 1.0  # a worker is started at most this often
 WORKER = [sys.executable, "-m", "balanceroute.serving.gateway.plane.worker"]
+SECRET_ENV = {UPSTREAM_KEY_ENV, "BALANCEROUTE_API_TOKEN"}  # a worker gets them by its spec
 
 
 class Workers:
@@ -77,9 +79,14 @@ class Workers:
         data["api_token"] = s.token
         spec = {"settings": data, "fd": self.listener.fileno(), "events": self.events,
                 "control": self.control, "index": index, "upstream_key": self.gw.upstream_key}  # fmt: skip
-        env = {**os.environ, SPEC_ENV: json.dumps(spec)}
-        env.pop(UPSTREAM_KEY_ENV, None)
-        self.procs[index] = subprocess.Popen(WORKER, env=env, pass_fds=(self.listener.fileno(),))
+        env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
+        proc = subprocess.Popen(WORKER, env=env, stdin=subprocess.PIPE,
+                                pass_fds=(self.listener.fileno(),))  # fmt: skip
+        assert proc.stdin is not None
+        with proc.stdin:  # secrets by pipe: never in a worker's environment or command line
+            proc.stdin.write(json.dumps(spec).encode())
+        self.procs[index] = proc
+        self.links.allowed.add(proc.pid)
 
     async def _supervise(self) -> None:
         """Start again any worker that died (checked every tenth of a health interval; a worker
@@ -144,13 +151,15 @@ def run(settings: GatewaySettings, gw: Gateway) -> None:
     process) until SIGTERM or SIGINT."""
     configure_logging(settings)
     listener = listen(settings)
-    folder = tempfile.mkdtemp(prefix="balanceroute-gateway-")
+    # the workers' Unix sockets (none without workers), private to this user
+    folder = tempfile.mkdtemp(prefix="balanceroute-gateway-") if settings.relay_workers else ""
     try:
         uvloop.run(serve(gw, listener, folder))
     finally:
         listener.close()
-        with contextlib.suppress(OSError):
-            shutil.rmtree(folder)
+        if folder:
+            with contextlib.suppress(OSError):
+                shutil.rmtree(folder)
 
 
 async def serve(gw: Gateway, listener: socket.socket, folder: str) -> None:
@@ -172,12 +181,15 @@ async def serve(gw: Gateway, listener: socket.socket, folder: str) -> None:
         else:
             await front.listen(path=workers.control)
             await workers.start()
-        log.warning("gateway on port %d: %s", listener.getsockname()[1],
+        log.warning("gateway on http://%s:%d in front of %d ranks x %d slots; arms: %s; %s",
+                    settings.host, listener.getsockname()[1], settings.group, settings.slots,
+                    ", ".join(a.label for a in gw.arms),
                     f"{settings.relay_workers} relay workers" if workers is not None
                     else "the Protocol front in this process")  # fmt: skip
         await stop.wait()
         front.begin_drain()
         if workers is not None:
             workers.begin_drain()
+            listener.close()  # with the workers' copies closed, new clients are refused at once
             await workers.stop()
         await front.drained(GRACE_S)

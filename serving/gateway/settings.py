@@ -224,6 +224,11 @@ class GatewaySettings(ServiceSettings):
             )
         if self.arms is not None and self.estimator_url is not None:
             raise ValueError("estimator_url applies to router; with arms give each its estimator")
+        if self.arms is not None and any(not a.strip() for a in self.arms.split(",")):
+            raise ValueError(f"arms {self.arms!r} has an empty spec: give comma-separated specs")
+        if self.hold_quiet_s > 0 and not 0 < self.hold_quiet_s <= self.hold_s:
+            raise ValueError(f"hold_quiet_s ({self.hold_quiet_s:g} s) applies within a hold: "
+                             f"give --hold at least as long (now {self.hold_s:g} s)")  # fmt: skip
         if self.warmup >= self.switch_every_s:
             raise ValueError("warmup_s must be shorter than switch_every_s")
         return self

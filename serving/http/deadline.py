@@ -8,6 +8,12 @@ first byte of the next request) to the end of the request's headers, then ``body
 more for the body. A connection that misses the header deadline gets 408 and is closed; one that
 misses the body deadline is closed (the app sees the client disconnect). Once a request has
 fully arrived nothing here applies: a long streamed answer is never cut.
+
+It also bounds a request's head (request line and headers: uvicorn's httptools protocol has no
+limit): over :data:`HEAD_LIMIT` bytes the client gets 431 and the connection is closed as soon as
+that much has arrived, before the parser buffers more (h11 and nginx do the same). The answer is
+followed by a lingering close (:func:`linger`): what the client still sends is read and dropped
+for a moment, so that it reads the 431 rather than a reset.
 """
 
 from __future__ import annotations
@@ -21,10 +27,28 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 log = logging.getLogger("balanceroute.http")
 
 _MESSAGE = b"the request did not arrive in time"
+HEAD_LIMIT = 64 * 1024  # the most bytes a request's line and headers may take
+_TOO_LARGE = b"the request's head is over %d bytes" % HEAD_LIMIT
+HEAD_TOO_LARGE = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain; charset=utf-8\r\n"
+    b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(_TOO_LARGE), _TOO_LARGE)
+)
 REQUEST_TIMEOUT = (
     b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\n"
     b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(_MESSAGE), _MESSAGE)
 )
+
+
+LINGER_S = 2.0  # how long a refused client's further bytes are read and dropped
+
+
+def linger(transport: asyncio.Transport) -> None:
+    """Close after an answer the client may not wait for: end our side now (its buffered answer
+    first), and the connection after :data:`LINGER_S` (the caller drops what arrives meanwhile);
+    closing at once with its bytes unread would reset the connection and lose the answer."""
+    if transport.can_write_eof():
+        transport.write_eof()
+    asyncio.get_running_loop().call_later(LINGER_S, transport.close)
 
 
 class DeadlineProtocol(HttpToolsProtocol):
@@ -38,6 +62,8 @@ class DeadlineProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._deadline: asyncio.TimerHandle | None = None
         self._headers_done = False
+        self._head_bytes = 0  # received since the request began, until its headers end
+        self._dropping = False  # refused: what arrives is dropped until the close
 
     def _arm(self, seconds: float) -> None:
         self._disarm()
@@ -72,6 +98,21 @@ class DeadlineProtocol(HttpToolsProtocol):
         self._disarm()
         super().connection_lost(exc)
 
+    def data_received(self, data: bytes) -> None:
+        if self._dropping:
+            return
+        if not self._headers_done:
+            self._head_bytes += len(data)
+        super().data_received(data)
+        if self._headers_done or self._head_bytes <= HEAD_LIMIT or self.transport.is_closing():
+            return
+        log.warning("closing a connection from %s: its request's head is over %d bytes",
+                    self.client, HEAD_LIMIT)  # fmt: skip
+        self._disarm()
+        self._dropping = True
+        self.transport.write(HEAD_TOO_LARGE)
+        linger(self.transport)
+
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._headers_done = False
@@ -80,11 +121,13 @@ class DeadlineProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._headers_done = True
+        self._head_bytes = 0
         self._arm(self.body_timeout_s)
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
         self._disarm()
+        self._headers_done = False  # what follows is the next request's head
         super().on_message_complete()
 
 

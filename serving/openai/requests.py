@@ -101,8 +101,22 @@ class _Common(BaseModel):
     priority: int = 0
 
 
+    def _as_vllm(self, max_tokens: int | None) -> None:
+        """What vLLM 0.32 refuses with a 400 although each field is well typed."""
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("Stream options can only be defined when `stream=True`.")
+        if max_tokens is not None and self.min_tokens > max_tokens:
+            raise ValueError(f"min_tokens must be less than or equal to max_tokens={max_tokens}, "
+                             f"got {self.min_tokens}.")  # fmt: skip
+
+
 class CompletionRequest(_Common):
     """``POST /v1/completions``: one prompt (text, or token ids)."""
+
+    @model_validator(mode="after")
+    def _vllm_rules(self) -> CompletionRequest:
+        self._as_vllm(self.max_tokens)
+        return self
 
     prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]
     max_tokens: int | None = Field(default=16, ge=1)
@@ -146,6 +160,24 @@ class ChatCompletionRequest(_Common):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+
+    @model_validator(mode="after")
+    def _vllm_rules(self) -> ChatCompletionRequest:
+        self._as_vllm(self.max_completion_tokens or self.max_tokens)
+        choice = self.tool_choice
+        if choice is None or choice == "none":
+            return self
+        if not self.tools:
+            raise ValueError("When using `tool_choice`, `tools` must be set.")
+        if choice == "auto":  # the emulator has no tool parser (vLLM's flags)
+            raise ValueError('"auto" tool choice requires --enable-auto-tool-choice and '
+                             "--tool-call-parser to be set")  # fmt: skip
+        fn = choice.get("function") if isinstance(choice, dict) else None
+        named = isinstance(choice, dict) and choice.get("type") == "function"
+        name = fn.get("name") if named and isinstance(fn, dict) else None
+        if choice != "required" and not isinstance(name, str):
+            raise ValueError(f"Invalid value for `tool_choice`: {choice!r}")
+        return self
 
 
 # ---- the gateway's view ----------------------------------------------------------------------

@@ -12,6 +12,7 @@ import pytest
 
 from balanceroute.cli import build_parser
 from balanceroute.cli.gateway import settings_from_args
+from balanceroute.features.errors import UserError
 from balanceroute.serving.gateway.settings import GatewaySettings
 from balanceroute.serving.http.settings import load_settings
 
@@ -34,7 +35,11 @@ VALUES = {
     "slots": "3",
 }  # fmt: skip
 BOOLS = {"allow_unauthenticated", "access_log", "track", "twins"}
-TOGETHER = {"rank_header": ["group_size"], "group_size": ["rank_header"]}
+TOGETHER = {
+    "rank_header": ["group_size"],
+    "group_size": ["rank_header"],
+    "hold_quiet_s": ["hold_s"],
+}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -116,3 +121,14 @@ def test_removed_flags_name_their_replacement(flag, capsys):
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert f"{flag} was removed" in err and "--relay-workers" in err
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--hold-quiet", "5ms"], "hold_quiet_s"), (["--hold", "2ms", "--hold-quiet", "5ms"], "--hold"),
+    (["--arms", "brh,,"], "empty spec"), (["--arms", ","], "empty spec"),
+])  # fmt: skip
+def test_options_that_mean_nothing_are_refused(argv, says):
+    """A hold-quiet outside a hold, or an empty arm spec, once started without a word."""
+    args = _parser().parse_args([*BASE, *argv])
+    with pytest.raises(UserError, match=says):
+        settings_from_args(args)

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from balanceroute.features.prompts import (
     FILLER_WORD,
+    KEY_WORD_CHARS,
     PROMPT_KEY_TOKENS,
     build_prompt,
     build_prompt_ids,
@@ -34,6 +35,16 @@ def test_same_key_same_prefix_and_the_inverse_recovers_it():
     assert prompt_key_of(ids) == prompt_key_of(build_prompt_ids(20, "tmpl-7"))
     assert prompt_key_of(ids) == " ".join(str(t) for t in ids[:PROMPT_KEY_TOKENS])
     assert build_prompt_ids(16, "x") != build_prompt_ids(16, None)
+
+
+def test_a_key_is_bounded_whatever_the_prompt():
+    """One 2 MiB word, or sixteen of 100 KiB, cannot make a key longer than 16 x 65 characters:
+    the key crosses processes (relay workers to the decider) and lands in the completion log."""
+    big = "y" * (2 << 20)
+    assert prompt_key_of(big) == "y" * KEY_WORD_CHARS
+    key = prompt_key_of(" ".join(["z" * 100_000] * 20))
+    assert len(key) == PROMPT_KEY_TOKENS * (KEY_WORD_CHARS + 1) - 1
+    assert prompt_key_of("short words stay whole") == "short words stay whole"
 
 
 def test_prompt_needs_a_token():

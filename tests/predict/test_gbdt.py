@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ from balanceroute.predict.calibration import (
     OnlineRecalibrator,
     expected_calibration_error,
     fit_platt,
+    sigmoid,
 )
 from balanceroute.predict.gbdt import GBDTEstimator
 from balanceroute.predict.model_store import save_estimator
@@ -141,3 +143,12 @@ def test_marginal_curve_spreads_p_like_the_window_outputs(small_trace):
     assert ok.mean() > 0.5
     want = 1.0 - pred.p_finish[ok, None] * (s[ok, :1] - s[ok]) / mass[ok, None]
     np.testing.assert_allclose(pred.survival[ok], want, atol=1e-12)
+
+
+def test_the_calibration_sigmoid_is_silent_at_any_logit():
+    """A logit of -1,000 once raised numpy's overflow warning: an unstamped line in a server's
+    log on every reload."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        p = sigmoid(np.array([-1e4, -800.0, 0.0, 800.0, 1e4]))
+    assert p[0] >= 0 and p[2] == 0.5 and p[-1] == 1.0 and np.all(np.diff(p) >= 0)

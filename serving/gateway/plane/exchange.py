@@ -15,7 +15,9 @@ then (connection refused or broken, a 5xx or 429 answer, a 401/403 refusing the 
 upstream key, the stream ending early, an abort: vLLM stopping gracefully) is taken out of
 rotation and the request goes back to the head of the pool, to be routed again (at most
 ``max_attempts`` ranks); a rank's other 4xx is the client's answer and is relayed. After the
-first token the client gets an SSE error event and ``[DONE]``. Deadlines: a first token within
+first token the client gets an SSE error event and ``[DONE]``: so does a stream that is not valid
+SSE (:func:`~.request.well_formed`), never relayed; either is never a completion-log row and
+counts against its rank (:meth:`~..health.RankHealth.broke`). Deadlines: a first token within
 ``first_token_timeout_s`` of forwarding (else the rank failed: re-routed), and a chunk within
 ``chunk_timeout_s`` of the last once the stream started (else an SSE error event and
 ``[DONE]``). An abort after the first token ends the stream as the rank ended it, counted
@@ -37,7 +39,7 @@ from typing import Any
 
 import orjson
 
-from balanceroute.serving.gateway.decider import LiveRequest, Rejected
+from balanceroute.serving.gateway.decider import BROKEN, LiveRequest, Rejected
 from balanceroute.serving.gateway.plane.request import (
     ABORT,
     FINISHED,
@@ -48,6 +50,7 @@ from balanceroute.serving.gateway.plane.request import (
     matters,
     rank_body,
     read_event,
+    well_formed,
 )
 from balanceroute.serving.gateway.runtime import forward_headers
 from balanceroute.serving.gateway.upstream import RankPool, Upstream
@@ -317,6 +320,10 @@ class Exchange:
             self.held = buf
             return
         whole, self.held = buf[: cut + 2], buf[cut + 2 :]
+        if not well_formed(whole):  # never relayed, never a training row; counts against the rank
+            log.warning("rank %d sent a stream that is not valid SSE: %r", self.rank, whole[:120])
+            self._fail("its stream is not valid SSE")
+            return
         st = self.st
         if matters(whole):
             now = self.ctx.clock()
@@ -401,7 +408,7 @@ class Exchange:
             self.decider.failed(self.rid, self.rank, why)
             self._resolve(RETRY)
             return
-        self._leave("broken")
+        self._leave(BROKEN)
         message = f"rank {self.rank} failed after the first token ({why})"
         if self.started:
             self._event_error(message)

@@ -14,6 +14,10 @@ naming each bad one), counted and admitted through the decider, and answered by 
 (probes, metrics, A/B, reload, models): called in the process that holds it, or from a relay
 worker over the Unix socket where that process's front answers; its answer is passed back.
 
+Bounds: a request's head (request line and headers) over :data:`HEAD_LIMIT` bytes is answered
+431 as soon as that much has arrived, before the parser buffers more (h11 and nginx do the same),
+and the connection closed after a linger; an ``X-Request-Id`` over :data:`MAX_ID` bytes is refused 400.
+
 Deadlines (:mod:`balanceroute.serving.http.deadline` describes them): a request's headers
 within ``header_timeout_s`` of its first byte (or of the connection's opening; else 408 and the
 connection is closed), its body within ``body_timeout_s`` more (else closed), and a kept-alive
@@ -43,7 +47,7 @@ from balanceroute.serving.gateway.plane.exchange import Exchange
 from balanceroute.serving.gateway.plane.request import PlaneContext
 from balanceroute.serving.gateway.tokens import PromptCounter, prompt_key
 from balanceroute.serving.gateway.upstream import RankPool
-from balanceroute.serving.http.deadline import REQUEST_TIMEOUT
+from balanceroute.serving.http.deadline import HEAD_LIMIT, HEAD_TOO_LARGE, REQUEST_TIMEOUT, linger
 from balanceroute.serving.http.origin_check import OriginCheck
 from balanceroute.serving.openai.requests import ChatBody, CompletionBody
 from balanceroute.serving.openai.responses import error_body
@@ -53,6 +57,7 @@ JSON = b"application/json"
 HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"host"}
 ROUTES = {b"/v1/completions": (CompletionBody, False), b"/v1/chat/completions": (ChatBody, True)}
 Headers = list[tuple[bytes, bytes]]
+MAX_ID = 256  # the longest X-Request-Id taken (it crosses processes and lands in the log)
 
 
 class BadBody(Exception):
@@ -179,7 +184,9 @@ class Connection(asyncio.Protocol):
         self.http11 = True  # the request being parsed is HTTP/1.1 (else 1.0: h11's rules)
         self.timer: asyncio.TimerHandle | None = None
         self.headers_done = False
+        self.head_bytes = 0  # bytes received since the request began, until its headers end
         self.paused = False
+        self.dropping = False  # refused: what arrives is dropped until the close
         self.waiting_idle = False  # the timer is the kept-alive connection's idle deadline
 
     # ---- asyncio ---------------------------------------------------------------------------
@@ -189,12 +196,30 @@ class Connection(asyncio.Protocol):
         self._arm(self.front.settings.header_timeout_s)
 
     def data_received(self, data: bytes) -> None:
+        if self.dropping:
+            return
+        if not self.headers_done:
+            self.head_bytes += len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._refuse(400, "upgrades are not served here")
         except httptools.HttpParserError as exc:
             self._refuse(400, f"not an HTTP/1.x request: {exc}")
+        else:
+            if not self.headers_done and self.head_bytes > HEAD_LIMIT:
+                self._head_too_large()
+
+    def _head_too_large(self) -> None:
+        """431, and a lingering close (an answer in progress: closed at once)."""
+        log.warning("closing a connection: its request's head is over %d bytes", HEAD_LIMIT)
+        self._disarm()
+        self.dropping, self.keep = True, False
+        if self.busy:
+            self.transport.close()
+            return
+        self.transport.write(HEAD_TOO_LARGE)
+        linger(self.transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -227,6 +252,7 @@ class Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.headers_done = True
+        self.head_bytes = 0
         self.http11 = self.parser.get_http_version() != "1.0"
         if not self.busy:
             self._arm(self.front.settings.body_timeout_s)
@@ -251,6 +277,7 @@ class Connection(asyncio.Protocol):
             self.body.append(body)
 
     def on_message_complete(self) -> None:
+        self.headers_done = False  # what follows is the next request's head
         if self.transport.is_closing():
             return
         method = self.parser.get_method()
@@ -320,6 +347,10 @@ class Connection(asyncio.Protocol):
         tokens, _ = front.counter.count(prompt)
         key, key_hash = prompt_key(prompt)
         given = next((v for k, v in headers if k == b"x-request-id"), None)
+        if given is not None and len(given) > MAX_ID:
+            self._json(400, error_body(400, f"X-Request-Id is over {MAX_ID} bytes",
+                                       param="x-request-id"))  # fmt: skip
+            return
         request_id = given.decode("latin-1") if given else f"gw-{os.urandom(8).hex()}"
         now = ctx.clock()
         rid, admitted = ctx.decider.admit(tokens, key_hash, key, request_id, bool(checked.stream))

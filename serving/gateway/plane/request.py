@@ -79,6 +79,34 @@ def matters(events: bytes) -> bool:
     return b"[DONE]" in events or QUOTED.search(events) is not None
 
 
+def well_formed(events: bytes) -> bool:
+    """Whether complete SSE ``events`` are each a ``data:`` line of JSON (or a comment): what
+    a rank that is not an OpenAI-compatible engine, or a broken one, sends is caught before it
+    reaches the client. One JSON parse of every payload at once (valid UTF-8 included); a
+    single data event, the common piece, without splitting."""
+    if events.startswith(b"data: {") and events.find(b"\n\n") == len(events) - 2:
+        try:
+            orjson.loads(events[6:-2])
+        except orjson.JSONDecodeError:
+            return False
+        return True
+    parts = events.split(b"\n\n")
+    parts.pop()
+    payloads = []
+    for ev in parts:
+        payload = data_payload(ev)
+        if payload is not None:
+            if payload != DONE_PAYLOAD:
+                payloads.append(payload)
+        elif ev.strip() and not ev.lstrip().startswith(b":"):
+            return False
+    try:
+        orjson.loads(b"[" + b",".join(payloads) + b"]")
+    except orjson.JSONDecodeError:
+        return False
+    return True
+
+
 def rank_body(body: dict[str, Any]) -> bytes:
     """The body sent to the rank: streaming, the final usage chunk (usage in every chunk only
     when the client asked for it)."""

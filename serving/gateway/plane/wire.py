@@ -19,13 +19,27 @@ Decider to worker: ``[ASSIGN, rid, rank]`` (rank -1: no rank, give up) and
 Both sides' times are ``time.monotonic()``, one clock per machine. A worker whose line ends has
 every request it held abandoned at once (counted ``relay_lost``: their slots are free for the
 next decision); a worker that loses the decider answers its waiting requests 503.
+
+The decider's socket takes lines from its own workers only (their pids, checked with
+``SO_PEERCRED``), and a ``FINISH`` whose values are not plausible for the request (another
+rank, times outside its life, more tokens than :data:`MAX_RATE` allows) is not logged: the
+request leaves as ``implausible``.
+
+What a client controls is bounded before it reaches a line (the prompt key's words, the request
+id), and an admission whose line would still be over :data:`LIMIT` is refused to its client
+(413) without being sent. A line over the limit, or one that is not an event, is skipped and
+logged: a bad event fails one request at most, never the link and the requests it carries.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+import math
+import socket
+import struct
+import time
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import orjson
@@ -37,6 +51,7 @@ ADMIT, FIRST, FINISH, SUSPECT, REFUSED, REQUEUE, ABANDON, COUNT = range(8)
 ASSIGN, REJECT = 100, 101
 LIMIT = 1 << 20  # the longest line either side accepts (an admission carries its prompt key)
 GONE = "the gateway's decider is gone"
+MAX_RATE, BURST = 10_000.0, 4096  # a plausible FINISH: tokens <= BURST + MAX_RATE x its span
 
 
 def encode(*fields: Any) -> bytes:
@@ -55,6 +70,27 @@ def decode(line: bytes) -> list[Any]:
     return event
 
 
+async def lines(reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
+    """Each whole line of ``reader`` until it ends; a line over the reader's limit is skipped
+    (logged), and the next one read."""
+    skipping = False
+    while True:
+        try:
+            line = await reader.readuntil(b"\n")
+        except asyncio.IncompleteReadError:  # the end (a partial last line is not an event)
+            return
+        except asyncio.LimitOverrunError as exc:  # drop what is buffered, then the line's rest
+            await reader.readexactly(exc.consumed)
+            if not skipping:
+                log.error("an event line over %d bytes was skipped", LIMIT)
+            skipping = True
+            continue
+        if skipping:  # the rest of a line over the limit
+            skipping = False
+            continue
+        yield line
+
+
 class Line:
     """One end of an event line: the events of one pass of the event loop leave in one write."""
 
@@ -64,7 +100,11 @@ class Line:
 
     def send(self, *fields: Any) -> None:
         """One event, written at the end of this pass of the event loop."""
-        self.out.append(encode(*fields))
+        self.send_line(encode(*fields))
+
+    def send_line(self, line: bytes) -> None:
+        """One encoded event, written at the end of this pass of the event loop."""
+        self.out.append(line)
         if len(self.out) == 1:
             asyncio.get_running_loop().call_soon(self._flush)
 
@@ -99,10 +139,10 @@ class DeciderProxy(Line):
         if self.writer is not None:
             self.writer.close()
 
-    def send(self, *fields: Any) -> None:
-        """One event (dropped once the decider is gone)."""
+    def send_line(self, line: bytes) -> None:
+        """One encoded event (dropped once the decider is gone)."""
         if not self.lost:
-            super().send(*fields)
+            super().send_line(line)
 
     def _waiter(self, rid: int) -> asyncio.Future[int]:
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
@@ -116,7 +156,13 @@ class DeciderProxy(Line):
         """:meth:`Decider.admit` over the line."""
         self.next_id += 1
         fut = self._waiter(self.next_id)
-        self.send(ADMIT, self.next_id, tokens, key_hash, key, request_id, stream)
+        line = encode(ADMIT, self.next_id, tokens, key_hash, key, request_id, stream)
+        if len(line) > LIMIT:  # cannot happen with the front's bounds: never sent if it does
+            self.waiting.pop(self.next_id, None)
+            if not fut.done():
+                fut.set_exception(Rejected(413, "the request's prompt key or id is too long"))
+            return self.next_id, fut
+        self.send_line(line)
         return self.next_id, fut
 
     def first_token(self, rid: int, t: float) -> None:
@@ -165,9 +211,12 @@ class DeciderProxy(Line):
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
         try:
-            while line := await reader.readline():
-                self.deliver(decode(line))
-        except (OSError, ValueError) as exc:
+            async for line in lines(reader):
+                try:
+                    self.deliver(decode(line))
+                except (ValueError, TypeError, IndexError) as exc:  # one bad answer: skipped
+                    log.error("a bad answer from the decider was skipped: %s", exc)
+        except OSError as exc:
             log.error("the line to the decider broke: %s", exc)
         self.lost = True
         for fut in self.waiting.values():
@@ -192,6 +241,7 @@ class Links:
     def __init__(self, decider: Decider) -> None:
         self.decider = decider
         self.server: asyncio.base_events.Server | None = None
+        self.allowed: set[int] = set()  # the workers' pids: the only peers taken
 
     async def start(self, path: str) -> None:
         """Listen for the workers' lines on the Unix socket ``path``."""
@@ -203,9 +253,14 @@ class Links:
             self.server.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        pid = peer_pid(writer)
+        if pid not in self.allowed:
+            log.error("refused an event line from pid %s: not a relay worker of this gateway", pid)
+            writer.close()
+            return
         link = Link(writer)
         try:
-            while line := await reader.readline():
+            async for line in lines(reader):
                 try:
                     self.apply(link, decode(line))
                 except Exception:  # one bad event must not stop the others
@@ -242,7 +297,13 @@ class Links:
         if op == FIRST:
             d.first_token(rid, float(ev[2]))
         elif op == FINISH:
-            d.finished(rid, int(ev[2]), float(ev[3]), float(ev[4]), int(ev[5]), int(ev[6]), ev[7])
+            rank, first_t, last_t, tokens = int(ev[2]), float(ev[3]), float(ev[4]), int(ev[5])
+            why = self.implausible(rid, rank, first_t, last_t, tokens)
+            if why:
+                log.error("an implausible FINISH from a relay worker was not logged: %s", why)
+                d.abandoned(rid, "implausible")
+            else:
+                d.finished(rid, rank, first_t, last_t, tokens, int(ev[6]), ev[7])
         elif op == SUSPECT:
             d.failed(rid, int(ev[2]), str(ev[3]))
         elif op == REFUSED:
@@ -253,6 +314,22 @@ class Links:
                 self._answer(link, wid, fut)
         elif op == ABANDON:
             d.abandoned(rid, ev[2])
+
+    def implausible(self, rid: int, rank: int, first_t: float, last_t: float,
+                    tokens: int) -> str:  # fmt: skip
+        """Why a FINISH cannot be the request's ("" when it can)."""
+        req = self.decider.held.get(rid)
+        if req is None:
+            return ""
+        placed = int(self.decider.group.rank[req.position])
+        if rank != placed:
+            return f"rank {rank}, but the request runs on rank {placed}"
+        now = time.monotonic() + 1.0
+        if not (math.isfinite(first_t) and req.arrival <= first_t <= last_t <= now):
+            return f"times {first_t:.3f}..{last_t:.3f} outside the request's life"
+        if not 0 < tokens <= BURST + MAX_RATE * (last_t - first_t):
+            return f"{tokens} tokens in {last_t - first_t:.3f} s"
+        return ""
 
     def _answer(self, link: Link, wid: int, fut: asyncio.Future[int]) -> None:
         """``ASSIGN`` or ``REJECT`` to the worker once ``fut`` resolves (now if it has)."""
@@ -271,3 +348,13 @@ class Links:
             send(fut)
         else:
             fut.add_done_callback(send)
+
+
+def peer_pid(writer: asyncio.StreamWriter) -> int | None:
+    """The pid of a Unix socket's peer (``SO_PEERCRED``; None where it cannot be read)."""
+    sock = writer.get_extra_info("socket")
+    try:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except (OSError, AttributeError):
+        return None
+    return struct.unpack("3i", creds)[0]

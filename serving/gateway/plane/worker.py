@@ -3,8 +3,9 @@ the launcher for ``balanceroute gateway --relay-workers N``): it accepts clients
 listening socket every worker shares (:mod:`.front`), moves their streams (:mod:`.exchange`) on
 uvloop, and reaches the decider through its proxy (:mod:`.wire`).
 
-Its settings, the listening socket's descriptor and the decider's two socket paths come from the
-launcher in :data:`SPEC_ENV` (JSON). SIGTERM drains: it stops accepting, new requests on open
+Its settings (the API token and the upstream key among them), the listening socket's descriptor
+and the decider's two socket paths come from the launcher as JSON on its standard input, never
+in its environment. SIGTERM drains: it stops accepting, new requests on open
 connections get 503, the streams in flight get ``drain_timeout_s`` to finish and then end with
 an SSE error event (or a 503 before their first token). If the decider goes away the worker
 drains and exits too.
@@ -15,9 +16,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
-import os
 import signal
 import socket
+import sys
 from typing import Any
 
 import uvloop
@@ -29,7 +30,6 @@ from balanceroute.serving.gateway.settings import GatewaySettings
 from balanceroute.serving.gateway.tokens import PromptCounter
 from balanceroute.serving.http.server import configure_logging
 
-SPEC_ENV = "_BALANCEROUTE_RELAY_SPEC"  # not BALANCEROUTE_*: the settings never read it
 GRACE_S = 3.0  # after the drain deadline, for the ended answers to be written
 
 
@@ -53,8 +53,8 @@ async def serve(spec: dict[str, Any], settings: GatewaySettings) -> None:
 
 
 def main() -> None:
-    """The worker's entry point: its spec from the environment, then :func:`serve`."""
-    spec = json.loads(os.environ.pop(SPEC_ENV))
+    """The worker's entry point: its spec from standard input, then :func:`serve`."""
+    spec = json.loads(sys.stdin.buffer.read())
     settings = GatewaySettings.model_validate(spec["settings"])
     configure_logging(settings)
     uvloop.run(serve(spec, settings))

@@ -2,7 +2,8 @@
 ``GET /v1/models`` (the models the first rank in rotation lists), SGLang's ``GET /get_load``,
 ``/get_server_info`` and ``/get_model_info`` (and their newer names ``/server_info``,
 ``/model_info``), so a peer router in front of several groups balances them on their load and
-registers their model by name.
+registers their model by name. Each takes the gateway's bearer token when one is set (the
+model calls reach the ranks with the upstream key: an open one would lend it to anyone).
 
 A gateway's group is what SGLang calls data-parallel ranks, so ``/get_load`` answers SGLang's
 list with one entry per rank (``dp_rank``, ``num_reqs``, ``num_waiting_reqs``, ``num_tokens``):
@@ -74,7 +75,7 @@ def load_entries(gw: Gateway) -> list[dict[str, int]]:
     ]
 
 
-@router.get("/get_load")
+@router.get("/get_load", dependencies=[Authorized])
 async def get_load(request: Request) -> Response:
     """The group's load in the shape ``--get-load`` names (SGLang's list by default)."""
     gw: Gateway = request.app.state.gateway
@@ -104,8 +105,8 @@ async def _named(request: Request) -> tuple[Gateway, str] | Response:
     return gw, name
 
 
-@router.get("/get_server_info")
-@router.get("/server_info")
+@router.get("/get_server_info", dependencies=[Authorized])
+@router.get("/server_info", dependencies=[Authorized])
 async def server_info(request: Request) -> Response:
     """SGLang's server information: the model's name and the group's shape."""
     named = await _named(request)
@@ -126,8 +127,8 @@ async def server_info(request: Request) -> Response:
     return Response(orjson.dumps(body), media_type=JSON)
 
 
-@router.get("/get_model_info")
-@router.get("/model_info")
+@router.get("/get_model_info", dependencies=[Authorized])
+@router.get("/model_info", dependencies=[Authorized])
 async def model_info(request: Request) -> Response:
     """SGLang's model information: the model's name."""
     named = await _named(request)

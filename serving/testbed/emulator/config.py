@@ -17,6 +17,7 @@ DEFAULT_MODEL = "balanceroute-emulator"
 # --time-scale bounds: slower than 1,000x real time is no emulation of a serving engine, and
 # faster than 10,000x steps shorter than the event loop can keep (1e-300 was accepted).
 MIN_TIME_SCALE, MAX_TIME_SCALE = 1e-3, 1e4
+MAX_SLOTS, MAX_RANKS = 65_536, 4096  # beyond any engine: a typo, not a group (arrays G x B)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,8 +74,11 @@ class EmulatorConfig:
 
     def __post_init__(self) -> None:
         checks = [
-            (self.ranks >= 1, f"--ranks must be >= 1, got {self.ranks}"),
-            (self.slots >= 1, f"--slots must be >= 1, got {self.slots}"),
+            (1 <= self.slots <= MAX_SLOTS,
+             f"--slots must be within [1, {MAX_SLOTS}] (a rank's running requests), "
+             f"got {self.slots}"),
+            (1 <= self.ranks <= MAX_RANKS, f"--ranks must be within [1, {MAX_RANKS}], got {self.ranks}"),
+            (bool(self.model.strip()), "--model must name the served model, got an empty name"),
             (MIN_TIME_SCALE <= self.time_scale <= MAX_TIME_SCALE,
              f"--time-scale must be within [{MIN_TIME_SCALE:g}, {MAX_TIME_SCALE:g}], "
              f"got {self.time_scale}"),

@@ -7,7 +7,10 @@ before any token, as vLLM does when it stops), ``abort-mid`` (two tokens, then `
 silence), ``plain`` (chunks as vLLM sends them with only ``include_usage``: no usage in a token
 chunk, the final usage chunk only when asked; written in uneven pieces that cut events, several
 events in one piece); ``POST /control {"health": "ok" | "fail" | "flaky"}`` sets what ``/health`` answers
-(``flaky``: 503 every other call); with ``--key`` every ``/v1`` call without that bearer key is a 401."""
+(``flaky``: 503 every other call); with ``--key`` every ``/v1`` call without that bearer key is a 401;
+with ``--break reset`` every stream's connection is closed after 3 token chunks, with ``--break
+garbage`` every stream carries a chunk that is not JSON after 2 (and ends well), while ``/health``
+answers 200."""
 
 from __future__ import annotations
 
@@ -60,8 +63,15 @@ async def completions(request: web.Request) -> web.StreamResponse:
         await _plain(resp, rid, want, body)
         return resp
     cut = 2 if "abort-mid" in prompt else None
+    breaks = request.app["break"]
     for n in range(1, want + 1):
         await asyncio.sleep(0.005)
+        if breaks == "reset" and n == 4:
+            assert request.transport is not None
+            request.transport.close()  # the stream cut without its last chunk or [DONE]
+            return resp
+        if breaks == "garbage" and n == 3:
+            await resp.write(b"data: {this is not json\n\n")
         if "hang-mid" in prompt and n == 3:
             await asyncio.sleep(HANG_S)
         if cut is not None and n > cut:
@@ -121,9 +131,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("port", type=int)
     parser.add_argument("--key")
+    parser.add_argument("--break", dest="breaks", choices=["reset", "garbage"])
     args = parser.parse_args()
     app = web.Application()
-    app["key"] = args.key
+    app["key"], app["break"] = args.key, args.breaks
     app["health"], app["health_calls"] = "ok", 0
     app.router.add_post("/control", control)
     app.router.add_post("/v1/completions", completions)

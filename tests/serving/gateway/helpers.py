@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import select
+import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -74,3 +77,27 @@ def token_events(text: str) -> int:
             if choices and choices[0].get("text") is not None:
                 n += 1
     return n
+
+
+def big_head(port: int, size: int, timeout_s: float = 10.0) -> tuple[bytes, float]:
+    """A request whose one header is ``size`` bytes, sent in 64 KiB writes until the server
+    answers or closes: its answer and the seconds until it came."""
+    t0 = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as s:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\nx-big: ")
+        sent, chunk = 0, b"a" * 65536
+        try:
+            while sent < size and not select.select([s], [], [], 0)[0]:
+                s.sendall(chunk)
+                sent += len(chunk)
+            if sent >= size:
+                s.sendall(b"\r\n\r\n")
+        except OSError:
+            pass  # the server stopped reading: its answer may be there
+        answer = b""
+        try:
+            while data := s.recv(65536):
+                answer += data
+        except OSError:
+            pass
+    return answer, time.monotonic() - t0

@@ -12,10 +12,13 @@ from pathlib import Path
 import httpx
 import numpy as np
 import orjson
+import psutil
 import pytest
 
 from balanceroute.features.limits import input_limits
+from balanceroute.serving.http.deadline import HEAD_LIMIT
 from tests.poll import until
+from tests.serving.gateway.helpers import big_head
 from tests.serving.service.helpers import TOKEN, Server, post
 
 pytestmark = pytest.mark.server
@@ -260,3 +263,23 @@ def test_predict_stays_within_budget_during_a_4096_row_observe(server: Server) -
             statuses.append(post(c, "/v1/predict", rows).status_code)
         t.join()
     assert statuses and set(statuses) == {200}
+
+
+def test_a_head_over_the_limit_gets_431_at_once(server: Server) -> None:
+    """A 1 MiB header gets 431 within 3 s (uvicorn's httptools protocol has no limit: 8 such
+    connections once grew the process by hundreds of MB), and the service keeps answering."""
+    answer, seconds = big_head(server.port, 1 << 20)
+    assert answer.startswith(b"HTTP/1.1 431") and b"%d" % HEAD_LIMIT in answer, answer[:200]
+    assert seconds < 3.0
+    proc = psutil.Process(server.proc.pid)
+    before = proc.memory_info().rss
+    answers: list[bytes] = []
+    pushers = [threading.Thread(target=lambda: answers.append(big_head(server.port, 16 << 20)[0]))
+               for _ in range(8)]  # fmt: skip
+    for t in pushers:
+        t.start()
+    for t in pushers:
+        t.join(60)
+    assert len(answers) == 8 and all(a.startswith(b"HTTP/1.1 431") for a in answers)
+    assert proc.memory_info().rss - before < 50e6
+    assert httpx.get(server.url + "/healthz", timeout=10).status_code == 200

@@ -120,6 +120,17 @@ BAD_BODIES = [
     ({"prompt": "a", "max_tokens": 200_000}, 400),
     ({"prompt": "a", "model": "nope"}, 404),
     ([1, 2, 3], 400),
+    # refused by vLLM 0.32 although each field is well typed (the emulator once answered 200)
+    ({"prompt": "a", "max_tokens": 2, "min_tokens": 5}, 400),
+    ({"prompt": "a", "stream": False, "stream_options": {"include_usage": True}}, 400),
+]
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+BAD_CHATS = [  # each refused by vLLM 0.32 with a 400
+    {"tools": [TOOL], "tool_choice": "auto"},  # no tool parser
+    {"tools": [TOOL], "tool_choice": "banana"},
+    {"tools": [TOOL], "tool_choice": {"type": "function", "function": "f"}},
+    {"tool_choice": "required"},  # no tools
+    {"max_completion_tokens": 2, "min_tokens": 3},
 ]
 
 
@@ -142,6 +153,14 @@ def test_bad_input_gets_4xx_and_the_emulator_keeps_serving(emu: Emulator):
     assert r.status_code == 400
     r = httpx.post(url + "/v1/chat/completions", json={"messages": "hi"}, timeout=10.0)
     assert r.status_code == 400
+    hi = [{"role": "user", "content": "hi"}]
+    for extra in BAD_CHATS:
+        r = httpx.post(url + "/v1/chat/completions", json={"messages": hi, **extra}, timeout=10.0)
+        assert r.status_code == 400 and r.json()["error"]["code"] == 400, (extra, r.text)
+    named = {"type": "function", "function": {"name": "f"}}
+    r = post(url + "/v1/chat/completions", {"messages": hi, "tools": [TOOL], "tool_choice": named,
+                                            "max_tokens": 2})  # fmt: skip
+    assert r.status_code == 200
     assert httpx.get(url + "/health").status_code == 200
     ok = post(url + "/v1/completions", {"prompt": "a b", "max_tokens": 2, "ignore_eos": True})
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
@@ -215,10 +234,12 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys):
 
     assert run(["emulate", "--ranks", "0"]) == 2
     assert run(["emulate", "--time-scale", "-1"]) == 2
+    assert run(["emulate", "--slots", "1000000000"]) == 2  # once started, allocating G x B
+    assert run(["emulate", "--model", ""]) == 2
     used = tmp_path / "log" / "iterations"
     used.mkdir(parents=True)
     (used / "part-00000.parquet").write_bytes(b"")
     assert run(["emulate", "--log", str(tmp_path / "log")]) == 2
     assert run(["bench", "--url", "ftp://x", "--out", str(tmp_path), "--requests", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 4 and all(line.startswith("balanceroute ") for line in err)
+    assert len(err) == 6 and all(line.startswith("balanceroute ") for line in err)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import select
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
 from balanceroute.serving.testbed.emulator.metrics import metric_total, parse_metrics
 from balanceroute.serving.testbed.harness import ServerProcess, clean_env, free_port
@@ -101,3 +103,20 @@ def big_head(port: int, size: int, timeout_s: float = 10.0) -> tuple[bytes, floa
         except OSError:
             pass
     return answer, time.monotonic() - t0
+
+
+def push_heads(
+    port: int, pids: list[int], n: int = 8, size: int = 16 << 20
+) -> tuple[list[bytes], float]:
+    """``n`` connections at once, each pushing a ``size``-byte header (:func:`big_head`): their
+    answers, and how many bytes the processes ``pids`` grew by meanwhile (RSS)."""
+    procs = [psutil.Process(p) for p in pids]
+    before = sum(p.memory_info().rss for p in procs)
+    answers: list[bytes] = []
+    pushers = [threading.Thread(target=lambda: answers.append(big_head(port, size)[0]))
+               for _ in range(n)]  # fmt: skip
+    for t in pushers:
+        t.start()
+    for t in pushers:
+        t.join(60)
+    return answers, sum(p.memory_info().rss for p in procs) - before

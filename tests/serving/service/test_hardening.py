@@ -12,13 +12,12 @@ from pathlib import Path
 import httpx
 import numpy as np
 import orjson
-import psutil
 import pytest
 
 from balanceroute.features.limits import input_limits
 from balanceroute.serving.http.deadline import HEAD_LIMIT
 from tests.poll import until
-from tests.serving.gateway.helpers import big_head
+from tests.serving.gateway.helpers import big_head, push_heads
 from tests.serving.service.helpers import TOKEN, Server, post
 
 pytestmark = pytest.mark.server
@@ -271,15 +270,7 @@ def test_a_head_over_the_limit_gets_431_at_once(server: Server) -> None:
     answer, seconds = big_head(server.port, 1 << 20)
     assert answer.startswith(b"HTTP/1.1 431") and b"%d" % HEAD_LIMIT in answer, answer[:200]
     assert seconds < 3.0
-    proc = psutil.Process(server.proc.pid)
-    before = proc.memory_info().rss
-    answers: list[bytes] = []
-    pushers = [threading.Thread(target=lambda: answers.append(big_head(server.port, 16 << 20)[0]))
-               for _ in range(8)]  # fmt: skip
-    for t in pushers:
-        t.start()
-    for t in pushers:
-        t.join(60)
+    answers, grew = push_heads(server.port, [server.proc.pid])
     assert len(answers) == 8 and all(a.startswith(b"HTTP/1.1 431") for a in answers)
-    assert proc.memory_info().rss - before < 50e6
+    assert grew < 50e6, grew
     assert httpx.get(server.url + "/healthz", timeout=10).status_code == 200

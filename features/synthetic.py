@@ -23,6 +23,10 @@ output std against the overall one):
 - geometric: prompt 1,022 / 592 / 1,019 / 2,028 / 2,048; output 256 / 257 / 176 / 1,189 /
   2,923; 4.00 req/s (Poisson); no keys.
 - code-completion: see ``tests/features/test_synthetic.py`` for the targets it is held to.
+- azure-drift: azure-conv until half-way; then each template's outputs spread with log-sd 1.0
+  instead of 0.25 (same templates, mean lengths and arrivals), so a model trained before the
+  change is confidently wrong after it: the learning loop's drift demo
+  (``benchmarks/perf/learning_loop.py``).
 
 Targets: paper-prod mean prompt 3,197 (std about 2,500), mean output 1,185 (std about 1,400),
 the paper's production trace; azure-conv the Azure 2023 conversation trace (prompt mean 1,155,
@@ -37,6 +41,7 @@ geometric with mean 1/p, no template signal).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -172,8 +177,20 @@ def mooncake_keys(group: np.ndarray, prompt: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True, slots=True)
+class Drift:
+    """The output law changes part-way: from request ``int(at * n)`` on, outputs spread with
+    log-sd ``output_spread`` (mean one) around their template's typical length, times
+    ``output_scale``. Templates, prompts and arrivals do not change."""
+
+    at: float
+    output_spread: float
+    output_scale: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
 class TemplatePreset:
-    """A workload of recurring prompt templates plus one-off prompts."""
+    """A workload of recurring prompt templates plus one-off prompts (``drift``: a change of the
+    output law part-way)."""
 
     name: str
     summary: str
@@ -188,6 +205,7 @@ class TemplatePreset:
     max_prompt: int
     max_output: int
     key_style: str = "template"
+    drift: Drift | None = None
 
     def lengths(self, catalogue: np.random.Generator, rows: np.random.Generator, n: int) -> Lengths:
         """Draw the template catalogue, then ``n`` requests from it."""
@@ -202,7 +220,8 @@ class TemplatePreset:
         prompt_mid[one_off] = self.prompt.quantile(rows.random(int(one_off.sum())))
         output_mid[one_off] = self.output.quantile(rows.random(int(one_off.sum())))
         prompt = np.rint(prompt_mid * mean_one_noise(rows, self.prompt_spread, n))
-        output = np.rint(output_mid * mean_one_noise(rows, self.output_spread, n))
+        spread, scale = self.output_law(n)
+        output = np.rint(output_mid * scale * mean_one_noise(rows, spread, n))
         prompt = np.clip(prompt, 1, self.max_prompt).astype(np.int64)
         output = np.clip(output, 1, self.max_output).astype(np.int64)
         group = np.where(one_off, self.templates + np.arange(n), template)
@@ -215,6 +234,14 @@ class TemplatePreset:
                 np.char.add("t", template.astype(str)),
             ).astype(object)
         return Lengths(prompt, output, key)
+
+    def output_law(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each request's output spread and scale: the preset's, or the drift's from its row on."""
+        spread, scale = np.full(n, self.output_spread), np.ones(n)
+        if self.drift is not None:
+            after = np.arange(n) >= int(self.drift.at * n)
+            spread[after], scale[after] = self.drift.output_spread, self.drift.output_scale
+        return spread, scale
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +264,21 @@ class GeometricPreset:
 
 Preset = TemplatePreset | GeometricPreset
 
+AZURE_CONV = TemplatePreset(
+    name="azure-conv",
+    summary="Azure 2023 conversation trace: exact prompt length per template, output <= 1000",
+    arrivals=Bursts(rate=5.53),
+    templates=2400,
+    popularity=0.7,
+    one_off_share=0.05,
+    prompt=AZURE_PROMPT,
+    prompt_spread=0.0,
+    output=AZURE_OUTPUT,
+    output_spread=0.25,
+    max_prompt=14050,
+    max_output=1000,
+)
+
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (
@@ -255,20 +297,7 @@ PRESETS: dict[str, Preset] = {
             max_prompt=65536,
             max_output=16384,
         ),
-        TemplatePreset(
-            name="azure-conv",
-            summary="Azure 2023 conversation trace: exact prompt length per template, output <= 1000",
-            arrivals=Bursts(rate=5.53),
-            templates=2400,
-            popularity=0.7,
-            one_off_share=0.05,
-            prompt=AZURE_PROMPT,
-            prompt_spread=0.0,
-            output=AZURE_OUTPUT,
-            output_spread=0.25,
-            max_prompt=14050,
-            max_output=1000,
-        ),
+        AZURE_CONV,
         TemplatePreset(
             name="mooncake-conv",
             summary="Mooncake conversation trace: long prompts, prefix-block keys, 3 s batches",
@@ -299,6 +328,12 @@ PRESETS: dict[str, Preset] = {
             output_spread=0.5,
             max_prompt=16384,
             max_output=512,
+        ),
+        dataclasses.replace(
+            AZURE_CONV,
+            name="azure-drift",
+            summary="azure-conv whose outputs spread 4x wider within a template from the middle on",
+            drift=Drift(at=0.5, output_spread=1.0),
         ),
         GeometricPreset(
             name="geometric",

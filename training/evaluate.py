@@ -42,7 +42,11 @@ from balanceroute.training.metrics import (
     score_by_age,
 )
 from balanceroute.training.plots import brier_by_age_plot, reliability_plot
-from balanceroute.training.prediction_replay import predictions_per_second, replay_predictions
+from balanceroute.training.prediction_replay import (
+    ReplayResult,
+    predictions_per_second,
+    replay_predictions,
+)
 from balanceroute.training.recommend import REFERENCE, Recommendation, recommend
 from balanceroute.training.replay_scores import ReplayScoreConfig, replay_scores
 
@@ -146,19 +150,45 @@ def score_estimators(
     return metrics, curves
 
 
+@dataclass(frozen=True)
+class Scored:
+    """One estimator scored on a holdout: its metrics, reliability curve and ``p_finish`` at
+    each of the holdout's snapshots (a paired comparison of two estimators reads them)."""
+
+    metrics: dict[str, Any]
+    curve: dict[str, list[float]]
+    p_finish: np.ndarray
+
+
 def evaluate_estimator(
     estimator: CompletionEstimator, holdout: Holdout, horizon: int, gamma: float | None = None
 ) -> tuple[dict[str, Any], dict[str, list[float]]]:
-    """Metrics (with ``by_age``, ``predictions_per_s`` and the curve scores at discount
-    ``gamma``, by default BR-H's for the training part at the default ``B``) and reliability
-    curve of one estimator."""
+    """Metrics and reliability curve of one estimator (:func:`score_holdout`)."""
+    scored = score_holdout(estimator, holdout, horizon, gamma)
+    return scored.metrics, scored.curve
+
+
+def score_holdout(
+    estimator: CompletionEstimator, holdout: Holdout, horizon: int, gamma: float | None = None
+) -> Scored:
+    """Metrics (with ``by_age``, ``predictions_per_s``, ``brier_at_admission`` and the curve
+    scores at discount ``gamma``, by default BR-H's for the training part at the default
+    ``B``), reliability curve and snapshot predictions of one estimator."""
     if gamma is None:
         gamma = router_gamma(holdout.arrays.output_tokens[: holdout.first_test])
-    res = replay_predictions(
-        estimator, holdout.arrays, holdout.first_test, holdout.index, holdout.age, survival=True
-    )
+    n = holdout.index.size
+    admitted = np.arange(holdout.first_test, holdout.arrays.size)
+    both = replay_predictions(
+        estimator, holdout.arrays, holdout.first_test, np.r_[holdout.index, admitted],
+        np.r_[holdout.age, np.zeros(admitted.size, dtype=np.int64)], survival=True,
+    )  # fmt: skip
+    res = ReplayResult(both.p_finish[:n], both.c[:n], both.steps, both.seconds, both.survival[:n])
     r = holdout.remaining
     metrics: dict[str, Any] = score(res.p_finish, res.c, r, horizon)
+    at_admission = score(
+        both.p_finish[n:], both.c[n:], holdout.arrays.output_tokens[admitted], horizon
+    )
+    metrics["brier_at_admission"] = at_admission["brier"]  # what the live drift gauge compares
     at_risk = holdout.arrays.output_tokens[holdout.index]  # time at risk of each snapshot
     metrics.update(curve_scores(res.survival, r, gamma, horizon, at_risk))
     metrics.update(at_risk_scores(res.p_finish, r, horizon, at_risk))
@@ -168,7 +198,7 @@ def evaluate_estimator(
     metrics["replay_steps"] = res.steps
     metrics["by_age"] = score_by_age(res.p_finish, res.c, r, holdout.age, horizon)
     y = (r <= horizon).astype(np.float64)
-    return metrics, reliability(res.p_finish, y)
+    return Scored(metrics, reliability(res.p_finish, y), res.p_finish)
 
 
 def at_risk_scores(

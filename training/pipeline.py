@@ -191,7 +191,7 @@ def run_cycle(cfg: PipelineConfig) -> CycleResult:
         done = fit_candidates(tcfg, window.frame)
     with step("score"):
         champion = score_champion(tcfg, done.holdout)
-        kind, better, why = promotion(done.metrics, champion, False)
+        kind, better, why = promotion(done.metrics, champion, False, done.paired(cfg.horizon))
     with step("twin"):
         files = {kind: done.files[kind]}
         done.priors = twin_priors(tcfg, files, done.holdout, done.history, done.heads)

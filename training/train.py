@@ -51,12 +51,12 @@ from balanceroute.predict.model_store import (
 from balanceroute.predict.registry import estimator_class, estimator_names
 from balanceroute.router.lab.twin.prior import PriorConfig, TwinPrior, attach_priors
 from balanceroute.router.lab.twin.prior_measure import priors_for
-from balanceroute.training.champion import move_aliases, score_champion
+from balanceroute.training.champion import Paired, move_aliases, score_champion
 from balanceroute.training.crossfit import DEFAULT_PRIOR_FOLDS, fitted_folds, time_folds
 from balanceroute.training.evaluate import (
-    evaluate_estimator,
     flat_metrics,
     progress,
+    score_holdout,
     write_report,
 )
 from balanceroute.training.holdout import Holdout, make_holdout
@@ -150,6 +150,11 @@ class Trained:
     params: dict[str, dict[str, Any]]
     heads: dict[str, CompletionEstimator]  # as fitted on the training part, before evaluation
     priors: dict[str, list[TwinPrior]] = field(default_factory=dict)
+    predictions: dict[str, np.ndarray] = field(default_factory=dict)  # at the holdout's snapshots
+
+    def paired(self, horizon: int) -> Paired:
+        """The candidates' predictions, for the champion's paired comparison."""
+        return Paired(self.predictions, self.holdout, horizon)
 
 
 def fit_candidates(cfg: TrainConfig, frame: pd.DataFrame) -> Trained:
@@ -171,7 +176,8 @@ def fit_candidates(cfg: TrainConfig, frame: pd.DataFrame) -> Trained:
         done.heads[kind] = copy.deepcopy(est)
         done.params[kind] = est.params()
         progress(f"evaluating {kind} on {holdout.index.size:,} snapshots")
-        m, done.curves[kind] = evaluate_estimator(est, holdout, cfg.horizon)
+        scored = score_holdout(est, holdout, cfg.horizon)
+        m, done.curves[kind], done.predictions[kind] = scored.metrics, scored.curve, scored.p_finish
         m["fit_seconds"] = fit_s
         m.update(getattr(est, "calibration_report_", {}))
         done.metrics[kind] = m
@@ -181,7 +187,7 @@ def fit_candidates(cfg: TrainConfig, frame: pd.DataFrame) -> Trained:
         )
         progress(f"fitting {kind} on all {len(history):,} requests (the model registered)")
         full = build_estimator(estimator_spec(cfg, kind), history=history)
-        full.holdout_brier_ = float(m["brier"])  # the live drift gauge's reference
+        full.holdout_brier_ = float(m["brier_at_admission"])  # the live drift gauge's reference
         done.files[kind] = save_estimator(full, out_dir / f"{kind}.joblib")
     return done
 
@@ -226,9 +232,9 @@ def run_train(cfg: TrainConfig) -> dict[str, Any]:
         summary["registry"] = log_to_mlflow(
             cfg, summary, done.files, report, done.metrics, done.out_dir, done.priors
         )
-        summary["registry"].update(
-            move_aliases(cfg, summary["registry"]["versions"], done.metrics, champion)
-        )
+        versions = summary["registry"]["versions"]
+        paired = done.paired(cfg.horizon)
+        summary["registry"].update(move_aliases(cfg, versions, done.metrics, champion, paired))
     except TrackingError:
         raise
     except Exception as exc:
@@ -325,13 +331,13 @@ PID_TAG, HOST_TAG = "balanceroute.pid", "balanceroute.host"
 def version_tags(
     kind: str, metrics: dict[str, Any], priors: list[TwinPrior], lineage: dict[str, str]
 ) -> dict[str, str]:
-    """A registered version's tags: its kind, its holdout Brier (rounded, ``val_brier``, and
-    exact, :data:`HOLDOUT_BRIER_TAG`: what the live drift gauge divides by), its twin priors
-    and the lineage of its input."""
+    """A registered version's tags: its kind, its holdout Brier (rounded, ``val_brier``), its
+    holdout Brier at admission (:data:`HOLDOUT_BRIER_TAG`: what the live drift gauge divides
+    by), its twin priors and the lineage of its input."""
     tags = {
         "kind": kind,
         "val_brier": f"{metrics['brier']:.5f}",
-        HOLDOUT_BRIER_TAG: repr(float(metrics["brier"])),
+        HOLDOUT_BRIER_TAG: repr(float(metrics["brier_at_admission"])),
     }
     for prior in priors:
         tags.update(prior.tags())

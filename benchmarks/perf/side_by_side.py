@@ -21,8 +21,9 @@ end of the bench run), and the machine's load average before and after.
     .venv/bin/python benchmarks/perf/side_by_side.py --render runs/side_by_side.json
 
 The gateway's layout is ``--gateway-modes`` (default ``inproc``, the gateway's own default: the
-Protocol front beside the decider in one process); ``proto1`` and ``proto2`` run relay worker
-processes (``--relay-workers N``). Every arm is named ``gateway[MODE]:ROUTER``. The layouts in
+Protocol front beside the decider in one process, started with ``--no-mlflow --out DIR`` and the
+warning log level); ``plain`` is the same layout started as a user would, with only the required
+flags; ``proto1`` and ``proto2`` run relay worker processes (``--relay-workers N``). Every arm is named ``gateway[MODE]:ROUTER``. The layouts in
 one short run::
 
     .venv/bin/python benchmarks/perf/side_by_side.py --out runs/plane \
@@ -67,6 +68,7 @@ GATEWAY_MODES = {  # the gateway's process layout, by --gateway-modes name
     "proto1": ["--relay-workers", "1"],
     "proto2": ["--relay-workers", "2"],
     "inproc": [],  # the Protocol front beside the decider, one process (the default)
+    "plain": [],  # inproc started as a user would: only the required flags (MLflow on, info log)
 }
 
 
@@ -111,11 +113,14 @@ def start_router(
         kind, cli = kind.removeprefix("base-"), [base_python, *CLI[1:]]
     if kind.startswith("gateway"):
         mode = GATEWAY_MODES[kind.partition("-")[2]]
-        args = [*cli, "gateway", "--slots", str(B), "--port", str(port), "--out", str(out / "gateway"),
-                "--router", policy, "--no-mlflow", *mode]  # fmt: skip
+        args = [*cli, "gateway", "--slots", str(B), "--port", str(port), "--router", policy]
+        if kind.endswith("-plain"):
+            env = clean_env()
+        else:
+            args += ["--out", str(out / "gateway"), "--no-mlflow", *mode]
+            env = clean_env({"BALANCEROUTE_LOG_LEVEL": "warning"})
         for u in urls:
             args += ["--rank", u]
-        env = clean_env({"BALANCEROUTE_LOG_LEVEL": "warning"})
         ready = url + "/readyz"
     elif kind == "sglang":
         args = [str(peers / "sglang-router"), "launch", "--host", "127.0.0.1", "--port", str(port),
@@ -128,7 +133,8 @@ def start_router(
                 "--prometheus-port", str(free_port()), "--worker-urls", *urls]  # fmt: skip
         env, ready = clean_env(), url + "/health"
     # its own session: sglang-router forks the router process, which a stop must reach too
-    proc = ServerProcess(args, log=out / "router.out", env=env, group=True)
+    # a plain gateway keeps MLflow's default store (SQLite in its working folder): the arm's own
+    proc = ServerProcess(args, log=out / "router.out", env=env, group=True, cwd=out)
     proc.wait_ready([ready], timeout_s=180, poll_s=0.2)
     if not kind.startswith("gateway"):  # the peers answer /health before they have registered every worker
         wait_workers(proc, url)

@@ -22,6 +22,8 @@ TARGETS = {
     "mooncake-conv": (12_035, 343),
     "geometric": (1_024.5, 256),
     "code-completion": (3_000, 40),
+    # azure-conv, then outputs clipped at 1,000 more often once they spread wider: 200 then 180
+    "azure-drift": (1_155, 190),
 }
 
 
@@ -124,3 +126,20 @@ def test_code_completion_outputs_are_short_next_to_the_horizon(traces):
     assert trace["output_tokens"].median() < 40
     assert (trace["output_tokens"] <= DEFAULT_HORIZON).mean() > 0.85
     assert trace["prompt_key"].duplicated(keep=False).mean() > 0.5  # files recur
+
+
+def test_the_drift_preset_changes_the_output_law_half_way_and_nothing_else(traces):
+    before, drift = traces["azure-conv"], traces["azure-drift"]
+    half = N // 2
+    pd.testing.assert_frame_equal(drift.iloc[:half], before.iloc[:half])
+    pd.testing.assert_frame_equal(
+        drift.iloc[half:].drop(columns="output_tokens"),
+        before.iloc[half:].drop(columns="output_tokens"),
+    )
+
+    def within_key_std(frame: pd.DataFrame) -> float:
+        return float(frame.groupby("prompt_key")["output_tokens"].std().mean())
+
+    assert within_key_std(drift.iloc[half:]) > 2.5 * within_key_std(drift.iloc[:half])
+    short = lambda frame: float((frame["output_tokens"] <= 80).mean())  # noqa: E731
+    assert short(drift.iloc[half:]) > short(drift.iloc[:half]) + 0.1

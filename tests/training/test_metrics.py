@@ -96,3 +96,23 @@ def test_at_risk_scores_weigh_each_snapshot_by_its_request_length() -> None:
     # equal lengths: the per-request score
     same = at_risk_scores(p, remaining, horizon=80, at_risk=np.array([7, 7]))
     assert same["ece_at_risk"] == pytest.approx(0.0)
+
+
+def test_the_holdout_brier_at_admission_scores_each_test_request_at_age_zero():
+    from balanceroute.features.synthetic import generate
+    from balanceroute.predict.factory import EstimatorSpec, build_estimator
+    from balanceroute.training.evaluate import evaluate_estimator
+    from balanceroute.training.prediction_replay import replay_predictions
+
+    frame = generate("azure-conv", 1_500, seed=4)
+    holdout = make_holdout(frame, 0.7, 0)
+
+    def fitted():
+        return build_estimator(EstimatorSpec("exactmatch"), history=holdout.train)
+
+    metrics, _ = evaluate_estimator(fitted(), holdout, 80)
+    test = np.arange(holdout.first_test, holdout.arrays.size)
+    alone = replay_predictions(fitted(), holdout.arrays, holdout.first_test, test, 0 * test)
+    at_zero = score(alone.p_finish, alone.c, holdout.arrays.output_tokens[test], 80)
+    assert metrics["brier_at_admission"] == pytest.approx(at_zero["brier"], rel=1e-9)
+    assert metrics["brier_at_admission"] != pytest.approx(metrics["brier"], rel=0.05)

@@ -77,6 +77,9 @@ def test_a_cycle_registers_lineage_and_then_has_nothing_to_do(promoted, capsys) 
     est = load_estimator(uri)
     assert est.holdout_brier_ == pytest.approx(float(tags[HOLDOUT_BRIER_TAG]))
     resolved = resolve_registry(uri)
+    # the population the live gauges score: each holdout request at admission, not at all ages
+    assert resolved.metrics["brier_at_admission"] == pytest.approx(float(tags[HOLDOUT_BRIER_TAG]))
+    assert resolved.metrics["brier_at_admission"] != resolved.metrics["brier"]
     stamp(est, resolved.name, resolved.version, resolved.metrics)
     assert identity(est).holdout_brier == pytest.approx(float(tags[HOLDOUT_BRIER_TAG]))
     assert identity(est).version == str(version.version)

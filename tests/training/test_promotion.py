@@ -9,9 +9,12 @@ import subprocess
 import sys
 
 import mlflow
+import numpy as np
 from mlflow import MlflowClient
 
-from balanceroute.training.champion import Champion, promotion
+from balanceroute.features.synthetic import generate
+from balanceroute.training.champion import Champion, Paired, promotion
+from balanceroute.training.holdout import make_holdout
 from balanceroute.training.train import HOST_TAG, PID_TAG, close_orphaned_runs
 from tests.training.conftest import run_cli
 
@@ -31,6 +34,36 @@ def test_promotion_rule() -> None:
     assert promotion(m, Champion("3", "gbdt", 0.10), True)[:2] == ("exactmatch", True)
     unscored = Champion("3", note="the champion cannot be loaded")
     assert promotion(m, unscored, False)[1] is False
+
+
+def test_with_both_models_predictions_a_lower_brier_must_be_resolved_by_the_paired_interval():
+    holdout = make_holdout(generate("azure-conv", 600, seed=1), 0.7, 0)
+    y = (holdout.remaining <= 80).astype(np.float64)
+    rng = np.random.default_rng(0)
+    champion_p = np.full(y.size, 0.5)
+
+    def nudged(right: float) -> np.ndarray:
+        """0.5 moved 0.1 toward the outcome with probability ``right``, else away from it."""
+        toward = np.where(rng.random(y.size) < right, 1.0, -1.0)
+        return 0.5 + 0.1 * toward * (2 * y - 1)
+
+    def brier(p: np.ndarray) -> float:
+        return float(np.mean((p - y) ** 2))
+
+    clear, marginal = nudged(0.9), nudged(0.56)
+    assert brier(clear) < brier(marginal) < brier(champion_p)  # both lower at the point
+    paired = Paired({"gbdt": clear, "survival": marginal}, holdout, 80)
+    champion = Champion("3", "gbdt", brier(champion_p), p_finish=champion_p)
+    kind, better, why = promotion({"gbdt": {"brier": brier(clear)}}, champion, False, paired)
+    assert (kind, better) == ("gbdt", True) and "better (difference -" in why
+    noisy = {"survival": {"brier": brier(marginal)}}
+    kind, better, why = promotion(noisy, champion, False, paired)
+    assert (kind, better) == ("survival", False) and "the interval reaches 0" in why
+    worse = Champion("3", "gbdt", brier(clear), p_finish=clear)
+    assert "worse)" in promotion(noisy, worse, False, paired)[2]
+    assert promotion(noisy, champion, False)[1] is True  # the point rule alone would promote it
+    gain = paired.gain("survival", champion_p)
+    assert gain is not None and gain.low < 0 < gain.high and gain.requests == y.size // 3
 
 
 def test_a_worse_model_does_not_move_champion(isolated, monkeypatch) -> None:

@@ -7,15 +7,17 @@ the live prompts); then ``--before`` blocks and ``--after`` blocks around the ch
 by ``balanceroute bench`` at ``--load`` times the decode capacity, in real time, through
 ``balanceroute gateway --estimator gbdt@models:/completion-predictor@champion`` (router ``brh``,
 the live twins on, the live quality window one block) in front of ``balanceroute emulate``
-(G x B, ``paper-dsv3``), while ``balanceroute pipeline --loop`` retrains ``gbdt`` from the
-gateway's completion log every ``--period`` and reloads the gateway on a promotion.
+(G x B, ``paper-dsv3``), while ``balanceroute pipeline --loop`` retrains ``gbdt`` on the last
+``--window`` blocks of the gateway's completion log every ``--period`` (once a block is new) and
+reloads the gateway on a promotion.
 
 Every ``--poll`` seconds ``/metrics`` gives the live Brier and drift of each model version, the
 twin's weight, the pool and the reloads. Printed as JSON: the timeline, the change and each
 promotion, and issue 33's targets: the drift gauge of the model serving at the change above 1.25
-within 2 blocks of finished requests after it; the live Brier of the last promoted version
-within 10% of its holdout Brier (the drift gauge at most 1.10, once a block of its requests
-finished); no request lost or failed (bench and the completion log). ``OUT/timeline.png`` plots it.
+within 2 blocks of finished requests after it; the live Brier of the last version promoted
+after the change within 10% of its holdout Brier (its drift gauge at most 1.10 once a block of
+its requests finished); no request lost or failed (bench and the completion log). Per version:
+when it first admitted, its last drift reading. ``OUT/timeline.png`` plots drift and twin weight.
 
     .venv/bin/python benchmarks/perf/learning_loop.py --out runs/learning_loop > runs/learning_loop.json
 """

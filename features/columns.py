@@ -26,6 +26,8 @@ def canonical_columns(frame: Any) -> Any:
     """``frame`` (a pandas DataFrame) with its columns under the names above (old names renamed
     when the new one is absent)."""
     renames = {
-        old: new for old, new in OLD_NAMES.items() if old in frame.columns and new not in frame.columns
+        old: new
+        for old, new in OLD_NAMES.items()
+        if old in frame.columns and new not in frame.columns
     }
     return frame.rename(columns=renames) if renames else frame

@@ -15,7 +15,7 @@ import pandas as pd
 from balanceroute.features.digest import frame_sha256, path_sha256
 from balanceroute.features.errors import UserError
 from balanceroute.features.loaders import AUTO, detect_format, load_trace, trace_parts
-from balanceroute.features.synthetic import generate, get_preset
+from balanceroute.features.synthetic import Preset, generate, get_preset
 
 DEFAULT_PRESET = "paper-prod"
 DEFAULT_REQUESTS = 10_000
@@ -71,7 +71,16 @@ def load_workload(spec: WorkloadSpec) -> tuple[pd.DataFrame, dict[str, Any]]:
         "seed": seed,
         "rows": len(frame),
         "rate_rps": spec.arrivals.rate,
-        "params": asdict(spec),
+        "params": preset_params(spec),
         "sha256": frame_sha256(frame),
     }
     return frame, source
+
+
+def preset_params(spec: Preset) -> dict[str, Any]:
+    """A preset's fields as recorded with a run; ``drift`` only where the preset drifts (the
+    record of a steady preset stays as it was before drifts existed)."""
+    params = asdict(spec)
+    if params.get("drift", 0) is None:
+        del params["drift"]
+    return params

@@ -12,6 +12,7 @@ estimator to deploy, or ``none`` (:mod:`balanceroute.training.recommend`).
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 import time
@@ -42,11 +43,7 @@ from balanceroute.training.metrics import (
     score_by_age,
 )
 from balanceroute.training.plots import brier_by_age_plot, reliability_plot
-from balanceroute.training.prediction_replay import (
-    ReplayResult,
-    predictions_per_second,
-    replay_predictions,
-)
+from balanceroute.training.prediction_replay import predictions_per_second, replay_predictions
 from balanceroute.training.recommend import REFERENCE, Recommendation, recommend
 from balanceroute.training.replay_scores import ReplayScoreConfig, replay_scores
 
@@ -176,19 +173,13 @@ def score_holdout(
     ``B``), reliability curve and snapshot predictions of one estimator."""
     if gamma is None:
         gamma = router_gamma(holdout.arrays.output_tokens[: holdout.first_test])
-    n = holdout.index.size
-    admitted = np.arange(holdout.first_test, holdout.arrays.size)
-    both = replay_predictions(
-        estimator, holdout.arrays, holdout.first_test, np.r_[holdout.index, admitted],
-        np.r_[holdout.age, np.zeros(admitted.size, dtype=np.int64)], survival=True,
-    )  # fmt: skip
-    res = ReplayResult(both.p_finish[:n], both.c[:n], both.steps, both.seconds, both.survival[:n])
+    fresh = copy.deepcopy(estimator)  # the replay teaches the estimator: one copy per replay
+    res = replay_predictions(
+        estimator, holdout.arrays, holdout.first_test, holdout.index, holdout.age, survival=True
+    )
     r = holdout.remaining
     metrics: dict[str, Any] = score(res.p_finish, res.c, r, horizon)
-    at_admission = score(
-        both.p_finish[n:], both.c[n:], holdout.arrays.output_tokens[admitted], horizon
-    )
-    metrics["brier_at_admission"] = at_admission["brier"]  # what the live drift gauge compares
+    metrics["brier_at_admission"] = brier_at_admission(fresh, holdout, horizon)
     at_risk = holdout.arrays.output_tokens[holdout.index]  # time at risk of each snapshot
     metrics.update(curve_scores(res.survival, r, gamma, horizon, at_risk))
     metrics.update(at_risk_scores(res.p_finish, r, horizon, at_risk))
@@ -199,6 +190,14 @@ def score_holdout(
     metrics["by_age"] = score_by_age(res.p_finish, res.c, r, holdout.age, horizon)
     y = (r <= horizon).astype(np.float64)
     return Scored(metrics, reliability(res.p_finish, y), res.p_finish)
+
+
+def brier_at_admission(estimator: CompletionEstimator, holdout: Holdout, horizon: int) -> float:
+    """The Brier score of ``p_finish`` for each holdout request at admission (age 0), in its
+    own replay (the snapshots' replay is left as it was): what the live drift gauge compares."""
+    admitted = np.arange(holdout.first_test, holdout.arrays.size)
+    res = replay_predictions(estimator, holdout.arrays, holdout.first_test, admitted, 0 * admitted)
+    return score(res.p_finish, res.c, holdout.arrays.output_tokens[admitted], horizon)["brier"]
 
 
 def at_risk_scores(

@@ -23,7 +23,7 @@ import pandas as pd
 
 from balanceroute.features.digest import frame_sha256
 from balanceroute.features.errors import UserError
-from balanceroute.features.loaders import load_trace
+from balanceroute.features.loaders import PART_SUFFIXES, load_trace
 
 WINDOW_END_TAG = "pipeline.window_end_epoch_s"
 
@@ -85,6 +85,15 @@ def log_origin(path: Path) -> float:
         return float(json.loads(meta.read_text())["origin_epoch_s"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise UserError(f"cannot read the completion log's clock '{meta}': {exc}") from None
+
+
+def not_started(path: str | Path) -> bool:
+    """Whether ``path`` is a gateway's completion log with its clock but no part written yet (a
+    gateway that just started: nothing to learn from yet, not an error)."""
+    folder = Path(path)
+    if not (folder / "log.json").is_file():
+        return False
+    return not any(p.suffix in PART_SUFFIXES for p in folder.iterdir() if p.is_file())
 
 
 def read_window(path: str | Path, rows: int, max_age_s: float | None = None) -> LogWindow:

@@ -42,7 +42,7 @@ from balanceroute.features.errors import UserError
 from balanceroute.predict.model_store import DEFAULT_MODEL_NAME, error_line, setup_mlflow
 from balanceroute.training.champion import promotion, score_champion
 from balanceroute.training.evaluate import progress
-from balanceroute.training.log_window import WINDOW_END_TAG, LogWindow, read_window
+from balanceroute.training.log_window import WINDOW_END_TAG, LogWindow, not_started, read_window
 from balanceroute.training.promote import AliasChange, move_aliases_last_champion, restore
 from balanceroute.training.reload_targets import Target, check_reachable, reload
 from balanceroute.training.tracking import DEFAULT_ESTIMATORS, DEFAULT_EXPERIMENT
@@ -177,6 +177,9 @@ def run_cycle(cfg: PipelineConfig) -> CycleResult:
     """One cycle (module docstring); a :class:`StepFailed` names the step that failed."""
     with step("champion"):
         champ_version, champ_end = current_champion(cfg)
+    if not_started(cfg.log):
+        why = "the completion log has no requests yet (the gateway writes its first part soon)"
+        return CycleResult(Outcome.NOTHING_TO_DO, why, {"champion_version": champ_version})
     with step("window"):
         window = read_window(cfg.log, cfg.window_rows, cfg.max_age_s)
         new = window.new_rows(champ_end)

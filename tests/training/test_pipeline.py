@@ -32,8 +32,15 @@ def trained(tmp_path_factory):
         mp.delenv("MLFLOW_TRACKING_URI", raising=False)
         kinds = "survival,exactmatch,gbdt"
         code = run_cli(
-            ["train", *PRESET_ARGS, "--experiment", "pipeline-test", "--estimators", kinds,
-             "--no-twin-prior"]  # the prior has its own tests (test_twin_prior_train.py)
+            [
+                "train",
+                *PRESET_ARGS,
+                "--experiment",
+                "pipeline-test",
+                "--estimators",
+                kinds,
+                "--no-twin-prior",
+            ]  # the prior has its own tests (test_twin_prior_train.py)
         )
         yield root, code
 

@@ -41,7 +41,9 @@ def write_log(folder: Path, rows: int, first: int = 0) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "log.json").write_text(json.dumps({"origin_epoch_s": 1.7e9}))
     f = generate("azure-conv", rows, seed=1).iloc[first:]
-    cols = {c: f[c].to_numpy() for c in ("request_id", "arrival_s", "prompt_tokens", "output_tokens")}
+    cols = {
+        c: f[c].to_numpy() for c in ("request_id", "arrival_s", "prompt_tokens", "output_tokens")
+    }
     cols["prompt_key"] = f["prompt_key"].astype(str).to_numpy()
     pq.write_table(pa.table(cols), folder / f"part-{first:013d}-00000.parquet")
     return folder
@@ -88,6 +90,20 @@ def test_a_cycle_registers_lineage_and_then_has_nothing_to_do(promoted, capsys) 
     assert "twin_prior.2x4.start_weight" in tags and float(tags[WINDOW_END_TAG]) > 1.7e9
     code, res, _ = _cycle(promoted, capsys, "--estimators", "survival")
     assert code == 0 and res["outcome"] == "nothing-to-do"
+
+
+def test_a_gateway_log_with_no_part_yet_is_nothing_to_do_but_a_missing_one_is_bad_input(
+    isolated, capsys
+) -> None:
+    mlflow.set_tracking_uri(f"sqlite:///{isolated / 'mlflow.db'}")
+    log = isolated / "fresh"
+    log.mkdir()
+    (log / "log.json").write_text(json.dumps({"origin_epoch_s": 1.7e9}))
+    code, res, _ = _cycle(log, capsys, "--estimators", "survival")
+    assert code == 0 and res["outcome"] == "nothing-to-do" and "no requests yet" in res["why"]
+    (log / "log.json").unlink()  # a folder that is not a gateway's log: still an error
+    code, _, err = _cycle(log, capsys, "--estimators", "survival")
+    assert code == 2 and "holds no trace parts" in err
 
 
 def test_failed_steps_move_no_alias(promoted, capsys, tmp_path) -> None:

@@ -7,7 +7,8 @@
 # Smaller studies (environment): AB_OUT (folder, default runs/ab), AB_ARMS (comma-separated
 # arms), AB_WINDOWS (default 30), AB_WINDOW_REQUESTS (default 4 G B), AB_REFERENCE (ratios and
 # noise floor; default count-jsq), AB_REPEATS (the older scheme: windows of half the trace), AB_SLOTS (default "32 64"), AB_MODES (default "saturate load"),
-# AB_SCALING=0 (G = 8 only), AB_NO_MLFLOW=1 (no MLflow runs).
+# AB_SCALING=0 (G = 8 only), AB_NO_MLFLOW=1 (no MLflow runs), AB_COST (a cost preset or file; default
+# paper-dsv3).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
@@ -38,7 +39,7 @@ for wl in "${WORKLOADS[@]}"; do
             [ "$mode" = load ] && flag="--load 1.1"
             echo "== $out" >&2
             # shellcheck disable=SC2086
-            $BR ab ${SOURCE[$wl]} --arms "$ARMS" --workers "$workers" --slots "$b" \
+            $BR ab ${SOURCE[$wl]} ${AB_COST:+--cost "$AB_COST"} --arms "$ARMS" --workers "$workers" --slots "$b" \
                 "${WINDOWING[@]}" $flag --jobs 2 ${AB_NO_MLFLOW:+--no-mlflow} --out "$out" > "$out.log" 2>&1 || {
                 echo "failed: see $out.log" >&2; exit 1; }
         done

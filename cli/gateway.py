@@ -20,6 +20,11 @@ REMOVED = {  # flag: what replaces it
     "--front": "the gateway always runs its Protocol front; use --relay-workers N for relay "
     "worker processes",
     "--relay-plane": "relay workers always run the Protocol data plane; use --relay-workers N",
+    "--hold": "decisions wait for the group's next step by default (--decide step); --decide now "
+    "decides at once",
+    "--hold-quiet": "decisions wait for the group's next step by default (--decide step)",
+    "--hold-step": "the step-timed decision is the default (--decide step), its margin from the "
+    "measured lags",
 }
 DESCRIPTION = (
     "Serve POST /v1/completions and /v1/chat/completions (streaming or not) and GET /v1/models "

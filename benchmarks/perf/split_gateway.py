@@ -5,11 +5,9 @@ For each shared trace and emulator time scale, the same requests (``--requests``
 replayed by ``balanceroute bench`` through ``balanceroute gateway`` in each mode (``single``: the
 one-process gateway; ``relayN``: ``--relay-workers N``), with ``count-jsq`` and ``brh``, each
 against a fresh ``balanceroute emulate`` group; and once straight to the ranks (round-robin).
-``pfront`` is ``single`` under its older name (the Protocol front in one process); ``holdN`` is
-``pfront`` with
-``--hold Nms`` (bursts and one step's finishes decided together), ``holdNqM`` adds
-``--hold-quiet Mms``, ``stepN`` is ``hold30q5`` with ``--hold-step Nms`` (the held decision
-N ms before the group's next step where the gateway knows its phase).
+``pfront`` is ``single`` under its older name (the Protocol front in one process, deciding just
+before the group's next step: ``--decide step``, the default); ``now`` is ``pfront`` with
+``--decide now`` (each decision at once).
 ``--modes ...,nginx`` adds Debian's nginx as a round-robin proxy (one worker, unbuffered): what a
 compiled data plane costs per token, without any admission.
 Per run:
@@ -33,7 +31,7 @@ blocks within itself, beside the simulator's and each run's own; ``--sim-draws N
 simulator over N replays of the same requests with each send up to ``--sim-jitter-ms`` late (one
 replay of a saturated group is one draw of a chaotic trajectory) and gives the live ratio over
 that ensemble's, with an interval over both resamplings; ``--saturated 0.95`` keeps only the live
-steady iterations with 95% of the slots running (with ``--hold`` a held request waits while slots
+steady iterations with 95% of the slots running (with the step timing a held request waits while slots
 are free, which the simulator's steady iterations never have). The ``*_runs_ci95`` intervals
 resample whole runs instead (the spread between repeats, which blocks within each run miss),
 and ``steady_imbalance_over_sim_ensemble`` gives each router's own live imbalance over the
@@ -104,24 +102,15 @@ PROFILED = (
 
 def mode_args(mode: str) -> list[str]:
     """The gateway flags of a mode: ``single`` or ``pfront`` (the default: the Protocol front
-    in one process), ``holdN`` (with
-    ``--hold Nms``), ``holdNqM`` (with ``--hold-quiet Mms``), ``stepN`` (``hold30q5`` deciding
-    ``--hold-step Nms`` before the group's next step where its phase is known) or ``relayN``
-    (``nginx``: no gateway)."""
+    in one process, deciding just before the group's next step), ``now`` (``--decide now``) or
+    ``relayN`` (``nginx``: no gateway)."""
     if mode in ("single", "pfront", "nginx"):
         return []
-    if mode.startswith("hold") and mode[4:].isdigit():
-        return ["--hold", f"{mode[4:]}ms"]
-    hold, _, quiet = mode[4:].partition("q")
-    if mode.startswith("hold") and hold.isdigit() and quiet.isdigit():
-        return ["--hold", f"{hold}ms", "--hold-quiet", f"{quiet}ms"]
-    if mode.startswith("step") and mode[4:].isdigit():
-        return ["--hold", "30ms", "--hold-quiet", "5ms", "--hold-step", f"{mode[4:]}ms"]
+    if mode == "now":
+        return ["--decide", "now"]
     if mode.startswith("relay") and mode[5:].isdigit():
         return ["--relay-workers", mode[5:]]
-    raise SystemExit(
-        f"unknown mode {mode!r}: single, pfront, holdN, holdNqM, stepN or relayN"
-    )
+    raise SystemExit(f"unknown mode {mode!r}: single, pfront, now or relayN")
 
 
 def start_gateway(urls: list[str], extra: list[str], out_dir: Path,

@@ -147,6 +147,7 @@ class StepPhase:
         self.period = float("nan")
         self.last = float("nan")  # the start of the latest cluster seen
         self.clusters = 0
+        self.on_early: Callable[[float], None] | None = None  # how early a cluster came
 
     def observe(self, t: float) -> None:
         """A token reached the gateway at ``t``."""
@@ -162,6 +163,8 @@ class StepPhase:
         else:
             steps = d / self.period
             n = round(steps)
+            if self.on_early is not None and n >= 1:  # against the prediction
+                self.on_early(self.last + n * self.period - t)
             if 1 <= n <= LEARN_SPAN and abs(steps - n) <= 0.25:  # the steps it spans are clear
                 self.period += PHASE_ALPHA * (d / n - self.period)
             elif d < 0.75 * self.period:  # a gap well under the period: it was a multiple
@@ -198,12 +201,15 @@ class ClockedGroup(LiveGroup):
         super().__post_init__()
         self.first_count = np.full(self.capacity, np.nan)
         self.first_t = np.full(self.capacity, np.nan)
+        self.phase = StepPhase()
+        self._on_early: Callable[[float], None] | None = None
 
     def attach(self, clock_fn: Callable[[], float]) -> None:
         """Start the ranks' clocks now (``clock_fn``: the gateway's monotonic clock)."""
         self.clock_fn = clock_fn
         self.clock = IterationClock(self.ranks, clock_fn())
         self.phase = StepPhase()
+        self.phase.on_early = self._on_early
 
     def arrive(self, prompt_tokens: int, prompt_key: int, now: float) -> int | None:
         """As :meth:`LiveGroup.arrive`, its wait counted from the clocks' step count now (no
@@ -271,6 +277,15 @@ class ClockedGroup(LiveGroup):
         """When the tokens of the first step ending after ``after`` should reach the gateway
         (:class:`StepPhase`), None while unknown."""
         return self.phase.next_after(after)
+
+    def step_period(self) -> float:
+        """The group's step period as its tokens' phase measures it (inf while unknown)."""
+        period = self.phase.period
+        return period if period > 0 else float("inf")
+
+    def watch_step(self, on_early: Callable[[float], None]) -> None:
+        """Tell ``on_early`` how early each step's tokens came against the phase's prediction."""
+        self._on_early = self.phase.on_early = on_early
 
     def needs_tick(self) -> bool:
         """Never: the clocks count steps by time, whenever they are read."""

@@ -11,26 +11,12 @@ a policy. Arms switch at window boundaries (:class:`Switchback`): the incoming p
 ``reset`` once per activation; every arm's estimator learns from every completion, so no arm is
 starved of data.
 
-When a decision is made is :class:`Timing`'s (one of :class:`When`: now, hold, quiet, step). A
-request that arrives alone into a group with a free slot is decided at once
-(:meth:`Dispatcher.arrived`), unless a hold is set (``hold_s``, ``--hold``): then, while the group
-is at least half full, the decision an arrival or a finish asks for waits ``hold_s`` and every one
-asked for meanwhile joins it; with ``quiet_s`` (``--hold-quiet``) the held decision comes as soon
-as nothing has asked for ``quiet_s`` (the burst, or the step's finishes, read whole), ``hold_s``
-after the first ask at the latest, so a lone arrival waits ``quiet_s``, not the whole hold; and
-an arrival within ``quiet_s`` of the one before (a burst) is held at any fill, so a burst into a
-group still filling is decided together too (a lone arrival there is still decided at once);
-with ``step_s`` (``--hold-step``) the held decision comes ``step_s`` before the group's next
-step ends where its phase is known (:meth:`~.state.LiveGroup.next_step`), so a step's asks are
-decided together and still join the next step. A trace's burst (requests with one timestamp, sent one after the
-other) and the finishes of one engine step are then decided together, as the simulator decides
-each iteration's arrivals; decided one by one, a burst's first requests go to the rank with the
-most free slots whatever they weigh (BR-H's first stage), which on Mooncake's long prompts cost
-BR-H most of its balance (docs/results.md, "Why bursts broke parity, and what the holds
-do"). A held request still joins its rank at the next engine step if the hold is shorter
-than what is left of the step; a group less than half full decides at once (at low load no
-request waits for a hold). The loop (:meth:`Dispatcher.run`) does only what the state asks
-for: a decision and a sample every tick while requests wait; while they only run, the group's
+When a decision is made is :class:`~.timing.Timing`'s: at once (``--decide now``), or (the
+default, ``step``) while the group is at least half full, just before its next step ends, so a
+burst and the finishes of one engine step are decided together, as the simulator decides each
+iteration's (:mod:`.timing`). A request that arrives alone into a group with a free slot and no
+held decision is decided at once (:meth:`Dispatcher.arrived`). The loop (:meth:`Dispatcher.run`)
+does only what the state asks for: a decision and a sample every tick while requests wait; while they only run, the group's
 pulse (its step estimate, and the twins' clock) every tick if the group counts steps by ticks
 (ages from chunks), and a sample every ``sample_s``; with nothing waiting or running it sleeps
 until an arrival wakes it or the next sample is due. Finishes, re-queues and a rank's return
@@ -44,7 +30,6 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from enum import Enum
 
 import numpy as np
 import pyarrow as pa
@@ -56,6 +41,7 @@ from balanceroute.serving.gateway.arms import Arm, completed, fan_out, mute_poli
 from balanceroute.serving.gateway.metrics import GatewayMetrics
 from balanceroute.serving.gateway.state import Departure, LiveGroup
 from balanceroute.serving.gateway.switchback import Switchback
+from balanceroute.serving.gateway.timing import Timing, When
 from balanceroute.serving.gateway.twins import GatewayTwins
 from balanceroute.serving.lifecycle.recent import RecentCompletions
 
@@ -65,109 +51,6 @@ TICK_SAMPLES = 2_000_000
 # uvloop's timers count whole milliseconds and can fire up to one early: an idle loop that woke
 # just before its sample was due would tick twice for it (twice the wake-ups of a quiet gateway)
 TIMER_SLACK_S = 0.001
-# the hold applies while at least this share of the group's slots is taken: where placement
-# decides the imbalance; below it (low load) an arrival is decided at once, its TTFT untouched
-HOLD_FROM = 0.5
-
-
-class When(Enum):
-    """When a decision an arrival or a finish asks for is made (module docstring)."""
-
-    NOW = "now"  # at once (a lone arrival into a free slot before ``arrived`` returns)
-    HOLD = "hold"  # while the group is at least half full, held ``hold_s``
-    QUIET = "quiet"  # held until nothing asked for ``quiet_s`` (``hold_s`` at the latest)
-    STEP = "step"  # ``step_s`` before the group's next step ends where its phase is known
-
-    @classmethod
-    def of(cls, hold_s: float, quiet_s: float, step_s: float) -> When:
-        """The timing the three hold settings describe."""
-        if step_s > 0:
-            return cls.STEP
-        if hold_s <= 0:
-            return cls.NOW
-        return cls.QUIET if quiet_s > 0 else cls.HOLD
-
-
-class Timing:
-    """When a decision is made: at once, or held (:class:`When`); one per dispatcher. With
-    :attr:`When.STEP` the hold and the quiet time, when set, apply while the phase is unknown."""
-
-    def __init__(self, group: LiveGroup, clock: Callable[[], float], *, hold_s: float = 0.0,
-                 quiet_s: float = 0.0, step_s: float = 0.0) -> None:  # fmt: skip
-        self.when = When.of(hold_s, quiet_s, step_s)
-        self.group = group
-        self.clock = clock
-        self.hold_s = hold_s
-        self.quiet_s = quiet_s
-        self.step_s = step_s
-        self._hold_until: float | None = None  # the held decision's latest time, while held
-        self._at_step = False  # the held decision waits for the step's end (step_s)
-        self._last_ask = 0.0  # when a decision was last asked for during the hold
-        self._last_arrival = -1.0  # when the last request arrived (bursts, with quiet_s)
-        self._decide: Callable[[], object] = lambda: None
-
-    @property
-    def held(self) -> bool:
-        """Whether a held decision is pending."""
-        return self._hold_until is not None
-
-    @property
-    def until(self) -> float | None:
-        """The held decision's latest time (None: none is held)."""
-        return self._hold_until
-
-    def holds(self, decide: Callable[[], object], *, arrival: bool = False) -> bool:
-        """Whether the decision asked for now waits for the held one, which ``decide`` makes
-        (module docstring): a hold is set and at least :data:`HOLD_FROM` of the slots are taken
-        (the group steps), or (``quiet_s``) an ``arrival`` came within ``quiet_s`` of the one
-        before (a burst); the first ask starts the hold."""
-        if self.when is When.NOW:
-            return False
-        group = self.group
-        full = group.inflight.sum() >= HOLD_FROM * group.ranks * group.slots
-        watch = arrival and self.quiet_s > 0  # bursts are watched for at any fill
-        if not (full or watch):
-            return False
-        now = self.clock()
-        if watch:
-            burst, self._last_arrival = now - self._last_arrival < self.quiet_s, now
-            if not (full or burst):
-                return False
-        if self._hold_until is None:
-            wait = self._first_wait(now)
-            if wait is None:
-                return False
-            self._decide = decide
-            self._hold_until = now + (wait if self._at_step else self.hold_s)
-            asyncio.get_running_loop().call_later(wait, self.due)
-        self._last_ask = now
-        return True
-
-    def _first_wait(self, now: float) -> float | None:
-        """How long a new hold waits: with ``step_s`` and the group's step phase known, until
-        ``step_s`` before the next step's tokens are due (the decision still reaches its rank
-        before that step starts); else the quiet time or the hold; None: no hold (``step_s``
-        alone and the phase unknown)."""
-        self._at_step = False
-        if self.step_s > 0:
-            due = self.group.next_step(now + self.step_s)
-            if due is not None:
-                self._at_step = True
-                return max(due - self.step_s - now, 0.0)
-        if self.hold_s <= 0:
-            return None
-        return min(self.quiet_s, self.hold_s) if self.quiet_s > 0 else self.hold_s
-
-    def due(self) -> None:
-        """The held decision, or (``quiet_s``) a later look if something asked meanwhile (the
-        hold's timer calls it)."""
-        if self.quiet_s > 0 and self._hold_until is not None and not self._at_step:
-            wait = min(self._hold_until, self._last_ask + self.quiet_s) - self.clock()
-            if wait > TIMER_SLACK_S:
-                asyncio.get_running_loop().call_later(wait, self.due)
-                return
-        self._hold_until = None
-        self._decide()
 
 
 class Dispatcher:
@@ -185,12 +68,10 @@ class Dispatcher:
         clock: Callable[[], float] = time.monotonic,
         recent: RecentCompletions | None = None,
         twins: GatewayTwins | None = None,
-        hold_s: float = 0.0,
-        quiet_s: float = 0.0,
-        step_s: float = 0.0,
+        when: When = When.STEP,
     ) -> None:
         self.group = group
-        self.timing = Timing(group, clock, hold_s=hold_s, quiet_s=quiet_s, step_s=step_s)
+        self.timing = Timing(group, clock, when)
         self.twins = twins
         self.arms = {a.label: a for a in arms}
         self.recent = recent
@@ -241,9 +122,9 @@ class Dispatcher:
         """A request joined the pool: decided now if it waits alone and a slot is free (nothing
         to batch it with; at low load this is every arrival, and its first token is not made to
         wait for the event loop's next pass), else at the loop's next pass (:meth:`wake`); with a
-        hold and a group at least half full, in the held decision (:meth:`Timing.holds`)."""
+        group at least half full, in the held decision (:meth:`Timing.holds`)."""
         group = self.group
-        if self.timing.holds(self.decide, arrival=True):
+        if self.timing.holds(self.decide):
             self._ring()
         elif group.pool.size == 1 and group.has_free_slot():
             self._ring()
@@ -436,8 +317,10 @@ class Dispatcher:
                 now = self.clock()
                 if self.tick(now, next_sample):
                     next_sample = max(next_sample + every, now)
-                    if self._late is not None and self.on_lag is not None:
-                        self.on_lag(self._late)
+                    if self._late is not None:
+                        self.timing.loop_lag(self._late)
+                        if self.on_lag is not None:
+                            self.on_lag(self._late)
             except Exception:  # a bug must not stop the loop that admits every request
                 log.exception("decision tick failed")
 

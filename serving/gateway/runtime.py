@@ -36,6 +36,7 @@ from balanceroute.serving.gateway.reload import reload_arms
 from balanceroute.serving.gateway.settings import GatewaySettings
 from balanceroute.serving.gateway.state import LiveGroup
 from balanceroute.serving.gateway.switchback import Switchback, save_switchback, twin_agreement
+from balanceroute.serving.gateway.timing import When
 from balanceroute.serving.gateway.tokens import PromptCounter
 from balanceroute.serving.gateway.twins import GatewayTwins
 from balanceroute.serving.gateway.upstream import RankPool
@@ -110,9 +111,7 @@ class Gateway:
             clock=self.clock,
             recent=self.recent,
             twins=self.twins,
-            hold_s=settings.hold_s,
-            quiet_s=settings.hold_quiet_s,
-            step_s=settings.hold_step_s,
+            when=When(settings.decide),
         )
         self.dispatcher.quality = self.quality
         # the ranks' kept-alive connections for health checks, step-counter reads and models
@@ -196,8 +195,8 @@ class Gateway:
     def config(self) -> dict[str, Any]:
         """The resolved configuration, written next to the results."""
         s = self.settings
-        keys = {"slots", "rank_header", "switch_every_s", "seed", "tick_s", "hold_s",
-                "hold_quiet_s", "hold_step_s", "sample_s", "max_pool", "tokenizer",
+        keys = {"slots", "rank_header", "switch_every_s", "seed", "tick_s", "decide",
+                "sample_s", "max_pool", "tokenizer",
                 "estimator_url"}  # fmt: skip
         return {"ranks": s.group, "rank_urls": s.rank_urls, "warmup_s": s.warmup,
                 "arms": {a.label: a.describe() for a in self.arms}, **s.model_dump(include=keys)}  # fmt: skip
@@ -211,6 +210,8 @@ class Gateway:
         summary["activations"] = self.dispatcher.activations
         summary["admission_violations"] = self.dispatcher.violations
         summary["loop_lag"] = self.loop_lag.summary()
+        timing = self.dispatcher.timing
+        summary["decision_timing"] = {"decide": timing.when.value, **timing.margin.snapshot()}
         summary["twins"] = self.twins.stats()
         summary["twin_feed"] = self.twins.feed_stats()
         counterfactual = self.twins.comparison()

@@ -99,33 +99,13 @@ class GatewaySettings(ServiceSettings):
         allow_inf_nan=False,
         description="the decision loop's tick (no longer than one engine step)",
     )
-    hold_s: float = Field(
-        default=0.0,
-        ge=0,
-        le=1,
-        allow_inf_nan=False,
-        description="while the group is at least half full, a decision an arrival or a finish "
-        "asks for waits this long (the ones asked for meanwhile join it): a burst of arrivals and the finishes "
-        "of one engine step are decided together, as the simulator decides an iteration's "
-        "(keep it below one engine step; 0: decide at once)",
-    )
-    hold_quiet_s: float = Field(
-        default=0.0,
-        ge=0,
-        le=1,
-        allow_inf_nan=False,
-        description="with a hold: decide once nothing has asked for a decision this long (the "
-        "burst or the step's finishes read whole), the hold at the latest (0: the whole hold)",
-    )
-    hold_step_s: float = Field(
-        default=0.0,
-        ge=0,
-        le=1,
-        allow_inf_nan=False,
-        description="where a hold applies, decide this long before the group's next step ends "
-        "(its phase from the times tokens arrive): a "
-        "step's arrivals and finishes decided together, in time to join the next step; "
-        "--hold (and --hold-quiet) while the phase is unknown (0: off)",
+    decide: Literal["step", "now"] = Field(
+        default="step",
+        description="when the router decides: 'step' holds the decisions asked for while the "
+        "group is at least half full until just before its next step ends (its phase from the "
+        "tokens heard, the margin from the measured lags), so a burst and one step's finishes "
+        "are placed together; 'now' decides each at once, for ranks that do not step together "
+        "(dense models served data parallel have no barrier)",
     )
     sample_s: float = Field(
         default=0.1,
@@ -226,9 +206,6 @@ class GatewaySettings(ServiceSettings):
             raise ValueError("estimator_url applies to router; with arms give each its estimator")
         if self.arms is not None and any(not a.strip() for a in self.arms.split(",")):
             raise ValueError(f"arms {self.arms!r} has an empty spec: give comma-separated specs")
-        if self.hold_quiet_s > 0 and not 0 < self.hold_quiet_s <= self.hold_s:
-            raise ValueError(f"hold_quiet_s ({self.hold_quiet_s:g} s) applies within a hold: "
-                             f"give --hold at least as long (now {self.hold_s:g} s)")  # fmt: skip
         if self.warmup >= self.switch_every_s:
             raise ValueError("warmup_s must be shorter than switch_every_s")
         return self

@@ -19,7 +19,7 @@ differences of it matter to the policies (docs/design.md, "The gateway").
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from itertools import islice
 
@@ -254,6 +254,14 @@ class LiveGroup:
         not known here (ages from chunks keep no step phase; :class:`~.split.clock.ClockedGroup`
         does)."""
         return None
+
+    def step_period(self) -> float:
+        """The group's step period where its phase is known (here never: inf)."""
+        return float("inf")
+
+    def watch_step(self, on_early: Callable[[float], None]) -> None:
+        """Where the step's phase is known, tell ``on_early`` how early each step's tokens came
+        (here none is known)."""
 
     def needs_tick(self) -> bool:
         """Whether the step estimate needs a pulse every tick now: requests run (their tokens

@@ -27,7 +27,7 @@ VALUES = {
     "estimator_url": "http://127.0.0.1:7", "estimator_timeout_s": "0.5", "history": "h.csv",
     "arms": "count-jsq,token-jsq", "switch_every_s": "60", "warmup_s": "5", "seed": "7",
     "get_load": "load", "tokenizer": "tok.json", "max_pool": "64", "tick_s": "0.005",
-    "hold_s": "0.002", "hold_quiet_s": "0.001", "hold_step_s": "0.003", "sample_s": "0.5",
+    "decide": "now", "sample_s": "0.5",
     "health_interval_s": "2", "health_fall": "5", "health_rise": "4", "connect_timeout_s": "3",
 "first_token_timeout_s": "9", "chunk_timeout_s": "8",
     "drain_timeout_s": "7", "no_rank_wait_s": "6", "max_attempts": "2", "out": "outdir",
@@ -38,7 +38,6 @@ BOOLS = {"allow_unauthenticated", "access_log", "track", "twins"}
 TOGETHER = {
     "rank_header": ["group_size"],
     "group_size": ["rank_header"],
-    "hold_quiet_s": ["hold_s"],
 }
 
 
@@ -106,7 +105,7 @@ def test_the_ranks_repeat_as_flags_and_are_a_list_in_the_environment(monkeypatch
 @pytest.mark.parametrize("argv, name, value", [
     (["--no-mlflow"], "track", False), (["--no-twins"], "twins", False),
     (["--tick", "5ms"], "tick_s", 0.005), (["--ranks", "2", "--rank-header", "X"], "group_size", 2),
-    (["--predictor", "survival"], "estimator", "survival"), (["--hold", "0"], "hold_s", 0.0),
+    (["--predictor", "survival"], "estimator", "survival"),
     (["--predictor-url", "http://127.0.0.1:7"], "estimator_url", "http://127.0.0.1:7"),
 ])  # fmt: skip
 def test_the_old_flag_names_still_work(argv, name, value, capsys):
@@ -114,21 +113,23 @@ def test_the_old_flag_names_still_work(argv, name, value, capsys):
     assert getattr(settings_from_args(args), name) == value
 
 
-@pytest.mark.parametrize("flag", ["--front", "--relay-plane"])
-def test_removed_flags_name_their_replacement(flag, capsys):
+@pytest.mark.parametrize("flag, names", [
+    ("--front", "--relay-workers"), ("--relay-plane", "--relay-workers"), ("--hold", "--decide"),
+    ("--hold-quiet", "--decide"), ("--hold-step", "--decide"),
+])  # fmt: skip
+def test_removed_flags_name_their_replacement(flag, names, capsys):
     with pytest.raises(SystemExit) as stop:
         _parser().parse_args([*BASE, flag, "protocol"])
     assert stop.value.code == 2
     err = capsys.readouterr().err
-    assert f"{flag} was removed" in err and "--relay-workers" in err
+    assert f"{flag} was removed" in err and names in err
 
 
 @pytest.mark.parametrize("argv, says", [
-    (["--hold-quiet", "5ms"], "hold_quiet_s"), (["--hold", "2ms", "--hold-quiet", "5ms"], "--hold"),
     (["--arms", "brh,,"], "empty spec"), (["--arms", ","], "empty spec"),
 ])  # fmt: skip
 def test_options_that_mean_nothing_are_refused(argv, says):
-    """A hold-quiet outside a hold, or an empty arm spec, once started without a word."""
+    """An empty arm spec, once started without a word."""
     args = _parser().parse_args([*BASE, *argv])
     with pytest.raises(UserError, match=says):
         settings_from_args(args)

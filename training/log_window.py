@@ -1,7 +1,7 @@
 """The pipeline's input: the recent window of a completion log, and its lineage.
 
 A completion log is the folder a gateway writes (``OUT/completions``: Parquet parts and
-``log.json`` with the clock's origin, :mod:`balanceroute.serving.gateway.completions`) or any
+``log.json`` with the clock's origin, :mod:`balanceroute.serving.lifecycle.completion_log`) or any
 canonical trace file. The window is its last ``rows`` requests in arrival order (and, with
 ``max_age_s``, only those that arrived within that many seconds of the last one). Its lineage
 (which log, which rows, which code) goes to MLflow with every version the cycle registers, as

@@ -1,7 +1,7 @@
 """Wall time of one ``balanceroute pipeline`` cycle on a completion log of 20,000 requests.
 
 A completion log in the gateway's format (``part-*.parquet`` with the gateway's columns and
-``log.json``, serving/gateway/completions.py) is written from a synthetic trace (paper-prod by
+``log.json``, serving/lifecycle/completion_log.py) is written from a synthetic trace (paper-prod by
 default): first its earlier requests, on which a quick cycle (``survival`` only) makes the
 champion; then the rest, and the timed cycle reads the whole log as its window with the default
 candidates, so it scores the champion on the newer requests, measures the twin prior on them,

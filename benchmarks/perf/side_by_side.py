@@ -23,7 +23,7 @@ end of the bench run), and the machine's load average before and after.
 The gateway's layout is ``--gateway-modes`` (default ``inproc``, the gateway's own default: the
 Protocol front beside the decider in one process, started with ``--no-mlflow --out DIR`` and the
 warning log level); ``plain`` is the same layout started as a user would, with only the required
-flags; ``proto1`` and ``proto2`` run relay worker processes (``--relay-workers N``). Every arm is named ``gateway[MODE]:ROUTER``. The layouts in
+flags, and ``now`` that with ``--decide now``; ``proto1`` and ``proto2`` run relay worker processes (``--relay-workers N``). Every arm is named ``gateway[MODE]:ROUTER``. The layouts in
 one short run::
 
     .venv/bin/python benchmarks/perf/side_by_side.py --out runs/plane \
@@ -69,6 +69,7 @@ GATEWAY_MODES = {  # the gateway's process layout, by --gateway-modes name
     "proto2": ["--relay-workers", "2"],
     "inproc": [],  # the Protocol front beside the decider, one process (the default)
     "plain": [],  # inproc started as a user would: only the required flags (MLflow on, info log)
+    "now": ["--decide", "now"],  # plain, each decision at once instead of the step-timed default
 }
 
 

@@ -35,12 +35,12 @@ import numpy as np
 import pyarrow as pa
 
 from balanceroute.predict.live_quality import LiveQuality
+from balanceroute.router.lab.switchback import Switchback
 from balanceroute.router.policies.admission import admission_violation
 from balanceroute.router.policies.policy import RunContext
 from balanceroute.serving.gateway.arms import Arm, completed, fan_out, mute_policies
 from balanceroute.serving.gateway.metrics import GatewayMetrics
 from balanceroute.serving.gateway.state import Departure, LiveGroup
-from balanceroute.serving.gateway.switchback import Switchback
 from balanceroute.serving.gateway.timing import Timing, When
 from balanceroute.serving.gateway.twins import GatewayTwins
 from balanceroute.serving.lifecycle.recent import RecentCompletions

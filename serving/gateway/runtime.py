@@ -2,7 +2,7 @@
 
 The parts (each its own module): the live group and pool (:mod:`.state`), the decision loop
 (:mod:`.dispatch`), the arms and their estimators (:mod:`.arms`), the switchback
-(:mod:`.switchback`), rank health (:mod:`.health`), the completion log (:mod:`.completions`),
+(:mod:`balanceroute.router.lab.switchback`), rank health (:mod:`.health`), the completion log (:mod:`.completions`),
 metrics (:mod:`.metrics`) and prompt counting (:mod:`.tokens`). At shutdown ``OUT/ticks.parquet``
 keeps every tick's sample (epoch time, pool size, imbalance, arm, and the per-rank loads and running
 counts the gateway sees): what the live benchmark aligns with the engine's iterations to tell when
@@ -26,22 +26,23 @@ from balanceroute.features.errors import UserError
 from balanceroute.features.files import write_parquet
 from balanceroute.features.workload import WorkloadSpec, load_workload
 from balanceroute.predict.live_quality import LiveQuality
+from balanceroute.router.lab.switchback import Switchback, twin_agreement
 from balanceroute.serving.gateway.arms import Arm, build_arms
 from balanceroute.serving.gateway.clock import ClockedGroup, EngineCounters
-from balanceroute.serving.gateway.completions import CompletionLog
 from balanceroute.serving.gateway.dispatch import Dispatcher, tick_table
 from balanceroute.serving.gateway.health import RankHealth
 from balanceroute.serving.gateway.metrics import GatewayMetrics, LoopLag
 from balanceroute.serving.gateway.reload import reload_arms
 from balanceroute.serving.gateway.settings import GatewaySettings
 from balanceroute.serving.gateway.state import LiveGroup
-from balanceroute.serving.gateway.switchback import Switchback, save_switchback, twin_agreement
 from balanceroute.serving.gateway.timing import When
 from balanceroute.serving.gateway.tokens import PromptCounter
 from balanceroute.serving.gateway.twins import GatewayTwins
 from balanceroute.serving.gateway.upstream import RankPool
+from balanceroute.serving.lifecycle.completion_log import CompletionLog
 from balanceroute.serving.lifecycle.recent import RecentCompletions
 from balanceroute.serving.lifecycle.renew import ReloadOutcome
+from balanceroute.training.live_ab import save_switchback
 
 log = logging.getLogger("balanceroute.gateway")
 UPSTREAM_KEY_ENV = "BALANCEROUTE_UPSTREAM_API_KEY"
@@ -155,7 +156,9 @@ class Gateway:
         ]
         if isinstance(self.group, ClockedGroup):  # the ranks' step counters set their clocks
             counters = EngineCounters(self.group, s.rank_header is not None, s.health_interval_s)
-            self._tasks.append(loop.create_task(counters.run(self.probes.get), name="gateway-steps"))
+            self._tasks.append(
+                loop.create_task(counters.run(self.probes.get), name="gateway-steps")
+            )
 
     async def _rotate(self) -> None:
         while True:

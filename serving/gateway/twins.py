@@ -13,7 +13,7 @@ step estimate) and the CPU cap (the child's CPU):
   (never waited for: the child's last report), ``w = 0`` until the twin has evidence and while
   the child is down;
 - with two arms or more, an :class:`ArmComparison`: every arm replayed on the same blocks, the
-  switchback's counterfactual (:func:`~balanceroute.serving.gateway.switchback.twin_agreement`).
+  switchback's counterfactual (:func:`~balanceroute.router.lab.switchback.twin_agreement`).
 
 The twins copy the arms' models when made (at start and after a reload, on the event loop:
 the fan-out updates a model there, never during the copy) and the copies go to the child

@@ -1,4 +1,6 @@
-"""The one model lifecycle of ``serve`` and the gateway: load, replay, check, swap.
+"""The one model lifecycle of ``serve`` and the gateway: log, load, replay, check, swap.
+
+- :mod:`.completion_log`: the gateway's log of finished requests, what the pipeline retrains on;
 
 - :mod:`.sources`: an operator's URI resolved to a version; registry models are loaded in a
   child process (:mod:`.fetch`), so MLflow never enters a serving process;

@@ -26,7 +26,7 @@ from balanceroute.predict.live_quality import (
     WINDOW_ENV,
 )
 from balanceroute.predict.model_store import save_estimator
-from balanceroute.serving.gateway.completions import CompletionLog
+from balanceroute.serving.lifecycle.completion_log import CompletionLog
 from tests.serving.gateway.helpers import GatewayProcess, completion
 from tests.serving.testbed.helpers import Emulator
 

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from balanceroute.router.lab.switchback import Switchback
 from balanceroute.router.policies.specs import RouterSpec
 from balanceroute.serving.gateway.arms import Arm
 from balanceroute.serving.gateway.clock import ClockedGroup, EngineCounters
@@ -23,7 +24,6 @@ from balanceroute.serving.gateway.health import RankHealth
 from balanceroute.serving.gateway.metrics import GatewayMetrics
 from balanceroute.serving.gateway.settings import GatewaySettings
 from balanceroute.serving.gateway.state import LiveGroup
-from balanceroute.serving.gateway.switchback import Switchback
 from balanceroute.serving.gateway.upstream import RankPool
 from tests.poll import until_async
 

@@ -10,6 +10,7 @@ import asyncio
 
 import pytest
 
+from balanceroute.router.lab.switchback import Switchback
 from balanceroute.router.policies.specs import RouterSpec
 from balanceroute.serving.gateway.arms import Arm
 from balanceroute.serving.gateway.clock import ClockedGroup
@@ -17,7 +18,6 @@ from balanceroute.serving.gateway.dispatch import Dispatcher
 from balanceroute.serving.gateway.metrics import GatewayMetrics
 from balanceroute.serving.gateway.settings import GatewaySettings
 from balanceroute.serving.gateway.state import LiveGroup
-from balanceroute.serving.gateway.switchback import Switchback
 from balanceroute.serving.gateway.timing import (
     FIRST_MARGIN_S,
     INTAKE_S,

@@ -20,6 +20,7 @@ from prometheus_client import generate_latest
 from balanceroute.cli import build_parser
 from balanceroute.cli.gateway import settings_from_args
 from balanceroute.predict.factory import build_estimator
+from balanceroute.router.lab.switchback import Switchback, report_markdown, twin_agreement
 from balanceroute.router.lab.twin.config import TwinConfig, TwinGroup
 from balanceroute.router.lab.twin.prior import attach_priors
 from balanceroute.router.policies.specs import RouterSpec
@@ -27,7 +28,6 @@ from balanceroute.serving.gateway.arms import Arm, Handle
 from balanceroute.serving.gateway.dispatch import Dispatcher
 from balanceroute.serving.gateway.metrics import GatewayMetrics
 from balanceroute.serving.gateway.state import LiveGroup
-from balanceroute.serving.gateway.switchback import Switchback, report_markdown, twin_agreement
 from balanceroute.serving.gateway.twins import COMPARISON, GatewayTwins, local_model, twin_drives
 from tests.poll import until
 from tests.router.helpers import frame

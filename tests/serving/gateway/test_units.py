@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from balanceroute.predict.base import CompletedBatch
 from balanceroute.predict.no_prediction import NoPrediction
+from balanceroute.router.lab.switchback import Switchback, difference_by_block
 from balanceroute.router.policies.policy import Policy
 from balanceroute.router.policies.specs import RouterSpec
 from balanceroute.router.policies.state import Admissions
@@ -27,7 +28,6 @@ from balanceroute.serving.gateway.metrics import GatewayMetrics
 from balanceroute.serving.gateway.plane.request import Stream, rank_body, read_event
 from balanceroute.serving.gateway.settings import GatewaySettings
 from balanceroute.serving.gateway.state import LiveGroup
-from balanceroute.serving.gateway.switchback import Switchback, difference_by_block
 from balanceroute.serving.gateway.tokens import PromptCounter, prompt_key
 from balanceroute.serving.lifecycle.recent import RecentCompletions
 

@@ -105,7 +105,8 @@ class GatewaySettings(ServiceSettings):
         "group is at least half full until just before its next step ends (its phase from the "
         "tokens heard, the margin from the measured lags), so a burst and one step's finishes "
         "are placed together; 'now' decides each at once, for ranks that do not step together "
-        "(dense models served data parallel have no barrier)",
+        "(dense models served data parallel have no barrier) and for routers that place one "
+        "request at a time (count-jsq, round-robin: a batch gives them nothing)",
     )
     sample_s: float = Field(
         default=0.1,

@@ -105,6 +105,7 @@ class BalanceRoutePolicy(Policy):
     """The two-stage heuristic over projected margins; subclasses fix defaults and the estimator."""
 
     options = BalanceRouteConfig
+    batches = True
     defaults: BalanceRouteConfig = BRH_DEFAULTS
 
     def __init__(

@@ -198,6 +198,7 @@ class ExactPolicy(Policy):
     """
 
     name = "exact"
+    batches = True
 
     def __init__(self, candidates: int = 32, time_limit_s: float = 5.0) -> None:
         self.candidates = candidates

@@ -27,12 +27,15 @@ class Policy:
     ``route`` must be maximal (admit ``state.admissions_due`` requests) unless ``maximal`` is
     false (a KV capacity may leave slots free), respect free slots and never admit a request
     twice; the simulator checks every decision. A policy declares its capabilities: whether it
-    projects loads with a completion estimator (``takes_estimator``) and the dataclass of its
-    options (``options``, None when it has none). Hooks default to nothing.
+    projects loads with a completion estimator (``takes_estimator``), the dataclass of its
+    options (``options``, None when it has none), and whether it chooses among the waiting
+    requests, so that a step's arrivals and finishes decided together help it (``batches``: the
+    gateway's step timing holds decisions only for such a policy). Hooks default to nothing.
     """
 
     name: ClassVar[str] = ""
     takes_estimator: ClassVar[bool] = False
+    batches: ClassVar[bool] = False
     options: ClassVar[type | None] = None
     maximal: bool = True
 

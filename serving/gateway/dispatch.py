@@ -12,9 +12,9 @@ a policy. Arms switch at window boundaries (:class:`Switchback`): the incoming p
 starved of data.
 
 When a decision is made is :class:`~.timing.Timing`'s: at once (``--decide now``), or (the
-default, ``step``) while the group is at least half full, just before its next step ends, so a
-burst and the finishes of one engine step are decided together, as the simulator decides each
-iteration's (:mod:`.timing`). A request that arrives alone into a group with a free slot and no
+default, ``step``) while the group is at least half full and the active policy chooses among
+the pool, just before its next step ends, so a burst and the finishes of one engine step are
+decided together, as the simulator decides each iteration's (:mod:`.timing`). A request that arrives alone into a group with a free slot and no
 held decision is decided at once (:meth:`Dispatcher.arrived`). The loop (:meth:`Dispatcher.run`)
 does only what the state asks for: a decision and a sample every tick while requests wait; while they only run, the group's
 pulse (its step estimate, and the twins' clock) every tick if the group counts steps by ticks
@@ -110,7 +110,7 @@ class Dispatcher:
     def wake(self) -> None:
         """Decide soon (calls coalesce into one decision per event-loop pass, or into the held
         decision: :meth:`Timing.holds`)."""
-        if self.timing.holds(self.decide):
+        if self.timing.holds(self.decide, self._batches()):
             self._ring()
             return
         if not self._scheduled:
@@ -124,13 +124,17 @@ class Dispatcher:
         wait for the event loop's next pass), else at the loop's next pass (:meth:`wake`); with a
         group at least half full, in the held decision (:meth:`Timing.holds`)."""
         group = self.group
-        if self.timing.holds(self.decide):
+        if self.timing.holds(self.decide, self._batches()):
             self._ring()
         elif group.pool.size == 1 and group.has_free_slot():
             self._ring()
             self.decide()
         else:
             self.wake()
+
+    def _batches(self) -> bool:
+        """Whether the active arm's policy gains from a step's decisions made together."""
+        return self.active is None or self.active.policy.batches
 
     def _ring(self) -> None:
         """Wake the idle loop (:meth:`_pause`), if it sleeps."""

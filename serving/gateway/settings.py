@@ -104,9 +104,9 @@ class GatewaySettings(ServiceSettings):
         description="when the router decides: 'step' holds the decisions asked for while the "
         "group is at least half full until just before its next step ends (its phase from the "
         "tokens heard, the margin from the measured lags), so a burst and one step's finishes "
-        "are placed together; 'now' decides each at once, for ranks that do not step together "
-        "(dense models served data parallel have no barrier) and for routers that place one "
-        "request at a time (count-jsq, round-robin: a batch gives them nothing)",
+        "are placed together (routers that choose among the pool: brh, br0; first-come ones "
+        "such as count-jsq decide at once); 'now' decides each at once, for ranks that do not "
+        "step together (dense models served data parallel have no barrier)",
     )
     sample_s: float = Field(
         default=0.1,

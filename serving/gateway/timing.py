@@ -6,8 +6,10 @@ once) gives BR-H one request to place at a time; deciding the arrivals and finis
 together, just before the step ends, gives it the whole burst, as the simulator does
 (docs/results.md, "Why bursts broke parity"). The step's end comes from the phase of the tokens
 the gateway hears (:class:`~.clock.StepPhase`); the margin before it from the lags the decider
-measures (:class:`StepMargin`). Below half the group's slots taken, or while the phase is unknown,
-a decision is made at once: there placement decides little and TTFT is all.
+measures (:class:`StepMargin`). Below half the group's slots taken, while the phase is unknown,
+or for a policy that places the head of the pool one request at a time (``count-jsq``: a batch
+gives it nothing, and on bursty traffic the wait cost it TTFT, docs/results.md), a decision is
+made at once.
 """
 
 from __future__ import annotations
@@ -100,14 +102,16 @@ class Timing:
         """The held decision's time (None: none is held)."""
         return self._due_at
 
-    def holds(self, decide: Callable[[], object]) -> bool:
+    def holds(self, decide: Callable[[], object], batches: bool = True) -> bool:
         """Whether the decision asked for now waits for the held one, which ``decide`` makes: one
-        is held already, or the group steps at least half full and its phase is known (this ask
-        sets the held decision's time)."""
+        is held already, or the policy ``batches`` (:attr:`Policy.batches`), the group steps at
+        least half full and its phase is known (this ask sets the held decision's time)."""
         if self._due_at is not None:
             return True
         group = self.group
-        if self.when is When.NOW or group.inflight.sum() < HOLD_FROM * group.ranks * group.slots:
+        if self.when is When.NOW or not batches:
+            return False
+        if group.inflight.sum() < HOLD_FROM * group.ranks * group.slots:
             return False
         now = self.clock()
         margin = min(self.margin.value, MAX_SHARE * group.step_period())

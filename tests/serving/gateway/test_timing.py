@@ -1,8 +1,9 @@
 """When the gateway decides (``--decide``): by default, while the group is at least half full
 and its step phase is known, the arrivals and finishes of one engine step are held and decided
 together just before the step ends, the margin from the measured lags; into an emptier group,
-with the phase unknown, or with ``--decide now``, an arrival is decided at once (docs/results.md,
-"Why bursts broke parity, and what the holds do")."""
+with the phase unknown, with ``--decide now``, or for a policy that places the pool's head one
+request at a time (``count-jsq``), an arrival is decided at once (docs/results.md, "Live
+parity")."""
 
 from __future__ import annotations
 
@@ -28,11 +29,13 @@ from balanceroute.serving.gateway.timing import (
 
 
 class Counted(Dispatcher):
-    """A ``count-jsq`` dispatcher that counts its decisions and the admissions of each."""
+    """A dispatcher (``br0`` unless ``router``) that counts its decisions and the admissions of
+    each."""
 
-    def __init__(self, group: LiveGroup, when: When = When.STEP, clock=None) -> None:
-        spec = RouterSpec.parse("count-jsq")
-        arm = Arm("count-jsq", spec, spec.build_policy(None), None)
+    def __init__(self, group: LiveGroup, when: When = When.STEP, clock=None,
+                 router: str = "br0") -> None:  # fmt: skip
+        spec = RouterSpec.parse(router)
+        arm = Arm(router, spec, spec.build_policy(None), None)
         sb = Switchback([arm.label], 1e9, 0.0, 0, 0.0)
         more = {} if clock is None else {"clock": clock}
         super().__init__(group, [arm], sb, GatewayMetrics(), when=when, **more)
@@ -57,12 +60,12 @@ def _running(group: LiveGroup, d: Dispatcher, n: int) -> list[int]:
 
 
 def _stepping(now: list[float], when: When = When.STEP, margin: float = 0.005,
-              busy: int = 4) -> tuple[ClockedGroup, Counted]:  # fmt: skip
+              busy: int = 4, router: str = "br0") -> tuple[ClockedGroup, Counted]:  # fmt: skip
     """A clocked group of 2 x 4 slots with ``busy`` running, whose steps' tokens came at 0.96
     and 1.0 (steps of 0.04 s), its dispatcher deciding ``margin`` before the next step."""
     group = ClockedGroup.sized(2, 4, 16)
     group.attach(lambda: now[0])
-    d = Counted(group, when, clock=lambda: now[0])
+    d = Counted(group, when, clock=lambda: now[0], router=router)
     d.timing.margin.value = margin
     _running(group, d, busy)
     d.admitted.clear()
@@ -130,19 +133,26 @@ def test_a_burst_into_a_stepping_group_is_one_decision_on_the_event_loop() -> No
     asyncio.run(scenario())
 
 
-def test_decided_at_once_below_half_full_without_a_phase_or_with_now() -> None:
-    """Three of eight slots taken, the phase unknown, or ``--decide now``: the arrival is
-    admitted before ``arrived`` returns."""
+def test_decided_at_once_below_half_full_without_a_phase_with_now_or_one_at_a_time() -> None:
+    """Three of eight slots taken, the phase unknown, ``--decide now``, or a policy that places
+    the pool's head one request at a time (``count-jsq``): the arrival is admitted before
+    ``arrived`` returns; ``br0`` in the same group holds it."""
 
     async def scenario() -> None:
         now = [1.01]
-        for when, busy, phase in ((When.STEP, 3, True), (When.STEP, 4, False), (When.NOW, 4, True)):
-            group, d = _stepping(now, when, busy=busy)
+        cases = ((When.STEP, 3, True, "br0"), (When.STEP, 4, False, "br0"),
+                 (When.NOW, 4, True, "br0"), (When.STEP, 4, True, "count-jsq"))  # fmt: skip
+        for when, busy, phase, router in cases:
+            group, d = _stepping(now, when, busy=busy, router=router)
             if not phase:
                 group.phase.period = float("nan")
             fut = d.waiter(group.arrive(100, 9, now[0]))
             d.arrived()
             assert fut.done() and group.pool.size == 0 and not d.timing.held
+        group, d = _stepping(now, When.STEP, busy=4, router="br0")
+        fut = d.waiter(group.arrive(100, 9, now[0]))
+        d.arrived()
+        assert not fut.done() and d.timing.held
 
     asyncio.run(scenario())
 

@@ -7,8 +7,8 @@ together, just before the step ends, gives it the whole burst, as the simulator 
 (docs/results.md, "Why bursts broke parity"). The step's end comes from the phase of the tokens
 the gateway hears (:class:`~.clock.StepPhase`); the margin before it from the lags the decider
 measures (:class:`StepMargin`). Below half the group's slots taken, while the phase is unknown,
-or for a first-come policy (``count-jsq``: a batch gives it nothing, and held it measured worse
-on bursty traffic, docs/results.md), a decision is made at once.
+or for a first-come policy (``count-jsq``: a batch gives it nothing, and held it can miss a
+step; docs/results.md, "Live parity"), a decision is made at once.
 """
 
 from __future__ import annotations

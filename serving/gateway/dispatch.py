@@ -14,8 +14,8 @@ starved of data.
 When a decision is made is :class:`~.timing.Timing`'s: at once (``--decide now``), or (the
 default, ``step``) while the group is at least half full and the active policy chooses among
 the pool, just before its next step ends, so a burst and the finishes of one engine step are
-decided together, as the simulator decides each iteration's (:mod:`.timing`). A request that arrives alone into a group with a free slot and no
-held decision is decided at once (:meth:`Dispatcher.arrived`). The loop (:meth:`Dispatcher.run`)
+decided together, as the simulator decides each iteration's (:mod:`.timing`). A request that
+arrives alone into a group with a free slot and no held decision is decided at once. The loop (:meth:`Dispatcher.run`)
 does only what the state asks for: a decision and a sample every tick while requests wait; while they only run, the group's
 pulse (its step estimate, and the twins' clock) every tick if the group counts steps by ticks
 (ages from chunks), and a sample every ``sample_s``; with nothing waiting or running it sleeps

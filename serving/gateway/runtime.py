@@ -1,8 +1,8 @@
 """Everything one gateway holds, wired together, and its life: start, reload, stop.
 
-The parts (each its own module): the live group and pool (:mod:`.state`), the decision loop
-(:mod:`.dispatch`), the arms and their estimators (:mod:`.arms`), the switchback
-(:mod:`balanceroute.router.lab.switchback`), rank health (:mod:`.health`), the completion log (:mod:`.completions`),
+The parts: the live group and pool (:mod:`.state`), the decision loop (:mod:`.dispatch`), the
+arms and their estimators (:mod:`.arms`), the switchback (:mod:`~balanceroute.router.lab.switchback`),
+rank health (:mod:`.health`), the completion log (:mod:`~balanceroute.serving.lifecycle.completion_log`),
 metrics (:mod:`.metrics`) and prompt counting (:mod:`.tokens`). At shutdown ``OUT/ticks.parquet``
 keeps every tick's sample (epoch time, pool size, imbalance, arm, and the per-rank loads and running
 counts the gateway sees): what the live benchmark aligns with the engine's iterations to tell when

@@ -385,12 +385,12 @@ class DecodeSimulator:
         state = RouterState(
             iteration=self.k,
             time_s=self.clock,
-            loads=np.array(loads, dtype=np.float64),
             free_slots=np.array(free, dtype=np.int64),
             active=np.array(active, dtype=np.int64),
             pool=pool,
             requests=self.requests.table,
             running_source=self.running,
+            loads_source=lambda: np.array(loads, dtype=np.float64),
         )
         t0 = time.perf_counter_ns()
         adm = self.policy.route(state)

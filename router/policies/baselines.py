@@ -21,11 +21,13 @@ from balanceroute.router.policies.state import Admissions, RouterState
 class FCFSPolicy(Policy):
     """Global first-come-first-served admission; ``assign`` picks the destinations in order.
 
-    ``assign`` gets plain lists (free slots, active counts, loads, the admitted prompts or None)
-    and returns one worker per admitted request, updating its lists as it goes.
+    ``assign`` gets plain lists (free slots, active counts, loads and the admitted prompts, or
+    None where the policy does not need them) and returns one worker per admitted request,
+    updating its lists as it goes.
     """
 
     needs_prompts: ClassVar[bool] = False
+    needs_loads: ClassVar[bool] = False  # a live group ages every running request for them
 
     def route(self, state: RouterState) -> Admissions:
         due = state.admissions_due
@@ -33,9 +35,8 @@ class FCFSPolicy(Policy):
             return Admissions.empty()
         positions = state.pool.head(due)
         prompts = state.requests.prompt_tokens[positions].tolist() if self.needs_prompts else None
-        workers = self.assign(
-            due, state.free_slots.tolist(), state.active.tolist(), state.loads.tolist(), prompts
-        )
+        loads = state.loads.tolist() if self.needs_loads else None
+        workers = self.assign(due, state.free_slots.tolist(), state.active.tolist(), loads, prompts)
         return Admissions(positions, np.asarray(workers, dtype=np.int64))
 
     def assign(
@@ -43,7 +44,7 @@ class FCFSPolicy(Policy):
         count: int,
         free: list[int],
         active: list[int],
-        loads: list[float],
+        loads: list[float] | None,
         prompts: list[int] | None,
     ) -> list[int]:
         raise NotImplementedError  # pragma: no cover - interface
@@ -151,6 +152,7 @@ class TokenJSQPolicy(FCFSPolicy):
 
     name = "token-jsq"
     needs_prompts = True
+    needs_loads = True
 
     def assign(self, count, free, active, loads, prompts) -> list[int]:
         return smallest_key_assign(count, loads, free, lambda key, j: key + prompts[j])

@@ -6,7 +6,7 @@ Everything is arrays. Requests are referred to by their *position* in the run's
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -66,22 +66,36 @@ class RunningSource(Protocol):
     def __call__(self) -> RunningRequests: ...
 
 
+class LoadsSource(Protocol):
+    def __call__(self) -> np.ndarray: ...
+
+
 @dataclass(slots=True)
 class RouterState:
     """Snapshot at the start of an admission step (after completions, growth and releases)."""
 
     iteration: int
     time_s: float
-    loads: np.ndarray  # float64 (G,) KV tokens per worker before this step's admissions
     free_slots: np.ndarray  # int64 (G,)
     active: np.ndarray  # int64 (G,) running requests per worker
     pool: Pool
     requests: RequestTable
     running_source: RunningSource
+    loads_source: LoadsSource
+    _loads: np.ndarray | None = field(default=None, init=False, repr=False)
+
+    @property
+    def loads(self) -> np.ndarray:
+        """float64 (G,) KV tokens per worker before this step's admissions (built on first
+        read: a live group ages every running request for them, which policies that count
+        requests never need)."""
+        if self._loads is None:
+            self._loads = self.loads_source()
+        return self._loads
 
     @property
     def workers(self) -> int:
-        return int(self.loads.shape[0])
+        return int(self.free_slots.shape[0])
 
     @property
     def admissions_due(self) -> int:

@@ -48,6 +48,7 @@ class IterationClock:
         self.period = np.full(ranks, np.nan)  # seconds per iteration; NaN: not known yet
         self.count = np.zeros(ranks)  # iterations counted so far
         self.at = np.full(ranks, now)  # when ``count`` was last brought up to date
+        self.upto = now  # every rank's ``at`` is at least this: a read at or before it adds nothing
         self.group_period = float("nan")
         self.step = float("nan")  # the ranks' median period (the group's step), NaN: unknown
         self.finishes = 0
@@ -56,10 +57,12 @@ class IterationClock:
 
     def counts(self, now: float) -> np.ndarray:
         """Every rank's iteration count at ``now`` (brought up to date)."""
-        known = ~np.isnan(self.period)
-        dt = np.maximum(now - self.at, 0.0)
-        self.count[known] += dt[known] / self.period[known]
-        self.at[:] = np.maximum(self.at, now)
+        if now <= self.upto:  # a decision reads them several times at one instant
+            return self.count
+        self.upto = now
+        grown = np.maximum(now - self.at, 0.0) / self.period  # NaN where the period is unknown
+        np.add(self.count, grown, out=self.count, where=self.period > 0)
+        np.maximum(self.at, now, out=self.at)
         return self.count
 
     def observe(self, rank: int, count_at_first: float, first_t: float, last_t: float,
@@ -76,6 +79,7 @@ class IterationClock:
         unknown = np.isnan(self.period)
         self.period[unknown] = self.group_period  # a rank's first estimate: the group's
         self.at[unknown] = now
+        self.upto = min(self.upto, now)
         if unknown[rank]:
             self.period[rank] = tpot
             self._step()
@@ -116,19 +120,12 @@ class IterationClock:
         """Ages of requests running on ``ranks`` with first tokens at ``first_t`` (NaN: none
         yet, age 0) and the ranks' counts then (NaN: the clock did not run yet, so the age is
         the time since over the period)."""
-        counts = self.counts(now)
-        age = np.zeros(ranks.shape[0], dtype=np.int64)
-        started = ~np.isnan(first_t)
-        counted = started & ~np.isnan(count_at_first)
-        if counted.any():
-            grown = counts[ranks[counted]] - count_at_first[counted]
-            age[counted] = 1 + np.floor(np.maximum(grown, 0.0)).astype(np.int64)
-        timed = started & ~counted
-        if timed.any():
-            period = self.period[ranks[timed]]
-            grown = np.where(np.isnan(period), 0.0, (now - first_t[timed]) / period)
-            age[timed] = 1 + np.floor(np.maximum(grown, 0.0)).astype(np.int64)
-        return age
+        period = self.period[ranks]
+        by_time = np.where(np.isnan(period), 0.0, (now - first_t) / period)
+        by_count = self.counts(now)[ranks] - count_at_first
+        grown = np.where(np.isnan(count_at_first), by_time, by_count)  # NaN: no first token yet
+        age = np.where(np.isnan(first_t), 0.0, 1.0 + np.floor(np.maximum(grown, 0.0)))
+        return age.astype(np.int64)
 
 
 class StepPhase:
@@ -139,8 +136,7 @@ class StepPhase:
     milliseconds after the step ended. The start of the latest cluster and the step's period
     (the gap between clusters over the steps it spans, kept within a quarter of the period
     known otherwise: the engine's step counter, else the finishes' time per token) give the
-    next cluster's time: ``--hold-step`` decides just before it, so every request of a step is
-    decided together and still joins the next step.
+    next cluster's time, which the step timing decides just before (:mod:`.timing`).
     """
 
     def __init__(self) -> None:
@@ -245,7 +241,7 @@ class ClockedGroup(LiveGroup):
 
     def refresh(self, now: float) -> None:
         """Every running request's age from its rank's clock at ``now``."""
-        pos = np.flatnonzero(self.rank >= 0)
+        pos = self.running_positions()
         if pos.size:
             self.age[pos] = self.clock.ages(self.rank[pos], self.first_count[pos],
                                             self.first_t[pos], now)  # fmt: skip
@@ -260,17 +256,16 @@ class ClockedGroup(LiveGroup):
         self.first_t[position] = np.nan
         super().leave(position, output_tokens, learn=learn)
 
-    def loads(self) -> np.ndarray:
-        """KV tokens per rank, the running requests aged by the clock now."""
-        self.refresh(self.clock_fn())
+    def loads(self, now: float | None = None) -> np.ndarray:
+        """KV tokens per rank, the running requests aged by the clock at ``now`` (None: now)."""
+        self.refresh(self.clock_fn() if now is None else now)
         return super().loads()
 
     def pulse(self, now: float) -> int:
         """The group's step count: the most advanced known rank clock's."""
         counts = self.clock.counts(now)
-        known = ~np.isnan(self.clock.period)
-        if known.any():
-            self.iteration = max(self.iteration, int(counts[known].max()))
+        known = self.clock.period > 0  # False where NaN: not known yet
+        self.iteration = max(self.iteration, int(np.max(counts, where=known, initial=-1)))
         return super().pulse(now)
 
     def next_step(self, after: float) -> float | None:

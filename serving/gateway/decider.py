@@ -1,21 +1,16 @@
 """The decider: what the data plane asks of the gateway, as a plain object with typed methods,
 and one request's life in the gateway, owned here from arrival to departure.
 
-A request, as the relay that moves its bytes reports it: it **arrives** (a position in the
-pool, or a full pool: 429), is **admitted** (the decision loop resolves its future with a rank,
-or :class:`Rejected`), its **first token** arrives, it **finished** on its rank (metrics, the
-completion log, its slot leaves the group with its estimator taught), the rank **failed** it
-before its first token (or **refused** the gateway's key), it is **requeued** after a failed
-attempt (back to the head of the pool), or it is **abandoned** (client gone, ranks failed,
-relay lost: it leaves the pool or its rank once, nothing learned). Each call is applied to the
-gateway's state (:class:`~balanceroute.serving.gateway.runtime.Gateway`: the pool, the
-policies, the switchback, the completion log, rank health, the metrics) on a
-:class:`~balanceroute.serving.gateway.clock.ClockedGroup` that ages the running requests from
-their ranks' iteration clocks (first tokens and finishes are all it hears).
-
-The Protocol front calls it directly; relay worker processes reach the same methods through a
-proxy that encodes each call at the socket (:mod:`.plane.wire`). It starts no process and
-imports no data plane.
+A request, as its relay reports it: it **arrives** (a position in the pool, or 429), is
+**admitted** (the decision loop resolves its future with a rank, or :class:`Rejected`), its
+**first token** arrives, it **finished** (metrics, the completion log, its slot leaves the group
+with its estimator taught), its rank **failed** it before its first token (or **refused** the
+gateway's key), it is **requeued** (back to the head of the pool), or it is **abandoned**
+(nothing learned). Each call is applied to the gateway's state
+(:class:`~balanceroute.serving.gateway.runtime.Gateway`) on a
+:class:`~balanceroute.serving.gateway.clock.ClockedGroup`. The Protocol front calls it directly;
+relay workers reach it through a proxy that encodes each call at the socket
+(:mod:`.plane.wire`). It starts no process and imports no data plane.
 """
 
 from __future__ import annotations
@@ -26,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from balanceroute.serving.gateway.clock import ClockedGroup
+from balanceroute.serving.gateway.dispatch import after_forward
 from balanceroute.serving.gateway.runtime import Gateway
 
 RELAY_LOST = "relay_lost"
@@ -181,12 +177,14 @@ class Decider:
         self.waiting[rid] = asyncio.get_running_loop().create_task(assign())
 
     def _took(self, req: LiveRequest, rank: int) -> int:
-        gw = self.gw
-        now = gw.clock()
-        wait = req.queue_s = now - req.arrival
-        gw.metrics.wait.labels(gw.arm_label).observe(wait)
-        gw.switchback.admitted(wait, now)
+        now = self.gw.clock()
+        req.queue_s = now - req.arrival
+        after_forward(self._waited, req.queue_s, now)
         return rank
+
+    def _waited(self, wait: float, now: float) -> None:
+        self.gw.metrics.wait.labels(self.gw.arm_label).observe(wait)
+        self.gw.switchback.admitted(wait, now)
 
     def first_token(self, rid: int, t: float) -> None:
         """The request's first token reached the relay at monotonic time ``t``."""

@@ -2,25 +2,20 @@
 stream and every tick while requests wait.
 
 A decision tells the active policy which requests left since the last one (``on_complete``,
-before any of their positions is reused), hands the finished ones to every arm's model through
-the one fan-out (:func:`.arms.fan_out`; a request that did not finish normally is taught to none), asks it for the admissions due (``route``, timed), checks them with the
-simulator's own invariants (:func:`~balanceroute.router.policies.admission.admission_violation`) and
-resolves each admitted request's future with its rank; the request's handler then forwards it.
-Decisions run on the event loop, between two relayed chunks, so the state never changes under
-a policy. Arms switch at window boundaries (:class:`Switchback`): the incoming policy is
-``reset`` once per activation; every arm's estimator learns from every completion, so no arm is
-starved of data.
+before their positions are reused; the finished ones teach every arm's model, :func:`.arms.fan_out`),
+asks it for the admissions due (``route``), checks them with the simulator's invariants
+(:func:`~balanceroute.router.policies.admission.admission_violation`) and resolves each admitted
+request's future with its rank, which the request's handler forwards at once; the decision's
+bookkeeping (step time, counts, predictions) runs after that (:func:`after_forward`). Decisions
+run on the event loop, so the state never changes under a policy. Arms switch at window
+boundaries (:class:`Switchback`), each ``reset`` once per activation.
 
-When a decision is made is :class:`~.timing.Timing`'s: at once (``--decide now``), or (the
-default, ``step``) while the group is at least half full and the active policy chooses among
-the pool, just before its next step ends, so a burst and the finishes of one engine step are
-decided together, as the simulator decides each iteration's (:mod:`.timing`). A request that
-arrives alone into a group with a free slot and no held decision is decided at once. The loop (:meth:`Dispatcher.run`)
-does only what the state asks for: a decision and a sample every tick while requests wait; while they only run, the group's
-pulse (its step estimate, and the twins' clock) every tick if the group counts steps by ticks
-(ages from chunks), and a sample every ``sample_s``; with nothing waiting or running it sleeps
-until an arrival wakes it or the next sample is due. Finishes, re-queues and a rank's return
-wake it and decide at the event loop's next pass.
+When a decision is made is :class:`~.timing.Timing`'s (``--decide``); a request that arrives
+alone into a group with a free slot and no held decision is decided at once. The loop
+(:meth:`Dispatcher.run`) decides and samples every tick while requests wait; while they only
+run, it pulses the group's step estimate when the group counts steps by ticks, and samples every
+``sample_s``; idle, it sleeps until an arrival, a finish, a re-queue, a rank's return or the
+next sample wakes it.
 """
 
 from __future__ import annotations
@@ -30,6 +25,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -178,6 +174,9 @@ class Dispatcher:
         arm = self._activate(now)
         self._tell_departures(arm, now)
         group = self.group
+        if not group.pool.size:  # a finish's wake with nobody waiting: no state to build
+            self.pulse(now)
+            return 0
         state = group.snapshot(now)
         if self.twins is not None:  # the live twin's weight (read, never waited for)
             self.twins.tick(group.iteration)
@@ -188,9 +187,6 @@ class Dispatcher:
         t0 = time.perf_counter_ns()
         adm = arm.policy.route(state)
         took = time.perf_counter_ns() - t0
-        self.step_ns[arm.label].append(took)
-        self.metrics.step.labels(arm.label).observe(took * 1e-9)
-        self.metrics.decisions.labels(arm.label).inc()
         positions, ranks = adm.positions.tolist(), adm.workers.tolist()
         order = group.pool.order
         problem = admission_violation(
@@ -211,13 +207,20 @@ class Dispatcher:
             fut = self.waiters.pop(p, None)
             if fut is not None and not fut.done():
                 fut.set_result(g)
-        if self.quality is not None and positions:  # the deployed model's prediction at admission,
-            t, admit = group.table, self.quality.admit  # once the admitted requests are forwarded
-            asyncio.get_running_loop().call_soon(
-                admit, arm.handle, positions, t.prompt_tokens[positions], t.prompt_key[positions]
-            )
-        self.metrics.admitted.labels(arm.label).inc(len(positions))
+        after_forward(self._decided, arm, took, positions)
         return len(positions)
+
+    def _decided(self, arm: Arm, took_ns: int, positions: list[int]) -> None:
+        """A decision's bookkeeping, once its requests are forwarded: the router's step time,
+        the counts, and the deployed model's prediction at admission."""
+        self.step_ns[arm.label].append(took_ns)
+        self.metrics.step.labels(arm.label).observe(took_ns * 1e-9)
+        self.metrics.decisions.labels(arm.label).inc()
+        self.metrics.admitted.labels(arm.label).inc(len(positions))
+        if self.quality is not None and positions:
+            t = self.group.table
+            self.quality.admit(arm.handle, positions, t.prompt_tokens[positions],
+                               t.prompt_key[positions])  # fmt: skip
 
     # ---- the tick -------------------------------------------------------------------------
     def pulse(self, now: float) -> int:
@@ -353,6 +356,15 @@ def tick_table(ticks: Iterable[tuple[float, int, float, str, bytes]], ranks: int
             "running": pa.ListArray.from_arrays(offsets, pa.array(view[:, ranks:].ravel())),
         }
     )
+
+
+def after_forward(fn: Callable[..., None], *args: Any) -> None:
+    """``fn(*args)`` once the current callback (which forwards the admitted requests) is
+    over: bookkeeping off a request's path to its rank; at once outside an event loop."""
+    try:
+        asyncio.get_running_loop().call_soon(fn, *args)
+    except RuntimeError:
+        fn(*args)
 
 
 def _ring(alarm: asyncio.Future[bool] | None, timer: bool) -> None:

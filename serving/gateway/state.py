@@ -1,20 +1,16 @@
 """The live state of the decode group as the gateway sees it, in the router's own types.
 
-A live gateway has an unbounded stream of requests, but a policy sizes its per-run arrays by the
-:class:`~balanceroute.router.policies.state.RequestTable` (BR-H's load projection keeps arrays of its
-length). So the table has a fixed capacity (the pool limit, plus every slot of the group, plus a
-margin) and its *positions are recycled*: a position is taken when a request arrives and given
-back only after the policy's ``on_complete`` has been told it left (or it left the pool without
-ever running). Per position the gateway keeps what the policies read: prompt tokens and prompt
-key (in the table), the rank it runs on, its age (tokens streamed so far), when it arrived and
-how often later requests were admitted before it.
+A policy sizes its per-run arrays by the :class:`~balanceroute.router.policies.state.RequestTable`,
+so the live table has a fixed capacity (the pool limit, every slot of the group, a margin) and
+its *positions are recycled*: taken when a request arrives, given back once the policy's
+``on_complete`` was told it left (or it left the pool without running). Per position: prompt
+tokens and key (in the table), its rank, its age (tokens streamed), its arrival, and how often
+later requests were admitted before it.
 
-The pool is the gateway's shared waiting pool, oldest first, implementing the router's
-:class:`~balanceroute.router.policies.state.Pool` protocol. A request sent back by a failed rank goes to
-its head. ``iteration`` is the gateway's estimate of the engine's step counter: it advances by one
-at a decision when tokens have arrived since the previous decision (every running request
-advances one token per engine step, so with a tick no longer than a step it counts steps); only
-differences of it matter to the policies (docs/design.md, "The gateway").
+The pool, oldest first, is the router's :class:`~balanceroute.router.policies.state.Pool`; a
+request sent back by a failed rank goes to its head. ``iteration`` estimates the engine's step
+counter (one more at a decision when tokens arrived since the last; only its differences matter
+to the policies: docs/design.md, "The gateway").
 """
 
 from __future__ import annotations
@@ -208,14 +204,14 @@ class LiveGroup:
         self._free.extend(d.position for d in departures)
 
     # ---- the router's view ----------------------------------------------------------------
-    def running_mask(self) -> np.ndarray:
-        return self.rank >= 0
+    def running_positions(self) -> np.ndarray:
+        return np.flatnonzero(self.rank >= 0)
 
-    def loads(self) -> np.ndarray:
+    def loads(self, now: float | None = None) -> np.ndarray:
         """KV tokens per rank: prompt plus streamed tokens of its running requests."""
-        mask = self.running_mask()
-        work = self.table.prompt_tokens[mask] + self.age[mask]
-        return np.bincount(self.rank[mask], weights=work, minlength=self.ranks).astype(np.float64)
+        pos = self.running_positions()
+        work = self.table.prompt_tokens[pos] + self.age[pos]
+        return np.bincount(self.rank[pos], weights=work, minlength=self.ranks)
 
     def free_slots(self) -> np.ndarray:
         """Free slots per rank; a rank out of rotation (unhealthy) has none."""
@@ -228,8 +224,7 @@ class LiveGroup:
         return bool(((self.inflight < self.slots) & self.healthy).any())
 
     def running(self) -> RunningRequests:
-        mask = self.running_mask()
-        pos = np.flatnonzero(mask)
+        pos = self.running_positions()
         age = self.age[pos]
         prompts = self.table.prompt_tokens[pos]
         return RunningRequests(
@@ -274,10 +269,10 @@ class LiveGroup:
         return RouterState(
             iteration=self.iteration,
             time_s=now,
-            loads=self.loads(),
             free_slots=self.free_slots(),
             active=self.inflight.copy(),
             pool=self.pool,
             requests=self.table,
             running_source=self.running,
+            loads_source=lambda: self.loads(now),
         )

@@ -92,12 +92,12 @@ def build_snapshot(req: RouteRequest) -> Snapshot:
     state = RouterState(
         iteration=req.iteration,
         time_s=req.time_s,
-        loads=loads,
         free_slots=free,
         active=active,
         pool=array_pool,
         requests=table,
         running_source=lambda: running,
+        loads_source=lambda: loads,
     )
     slots = req.slots or max(1, int((active + free).max()))
     context = RunContext(workers=g_count, slots=slots, requests=table, seed=req.seed)

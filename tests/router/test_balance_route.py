@@ -36,12 +36,12 @@ def make_state(loads, free, pool_prompts, overtaken=None, iteration=0):
     return RouterState(
         iteration=iteration,
         time_s=0.0,
-        loads=np.asarray(loads, dtype=float),
         free_slots=np.asarray(free, dtype=np.int64),
         active=np.zeros(len(loads), dtype=np.int64),
         pool=ArrayPool(np.arange(n), overtaken=overtaken),
         requests=table,
         running_source=lambda: RunningRequests(empty, empty, empty, empty, empty),
+        loads_source=lambda: np.asarray(loads, dtype=float),
     ), table
 
 

@@ -74,7 +74,7 @@ class Traffic:
             if p is not None:
                 self.tickets[p] = self.twins.arrived(float(g.arrival_s[p]), 10, 1)
                 self.target[p] = int(rng.integers(1, 30))
-        for p in np.flatnonzero(g.running_mask()).tolist():
+        for p in g.running_positions().tolist():
             g.advance(p, int(g.age[p]) + 1)
             if g.age[p] >= self.target[p]:
                 self.twins.finished(self.tickets.pop(p), int(g.age[p]), self.clock())

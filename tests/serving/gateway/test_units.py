@@ -60,12 +60,12 @@ def test_positions_are_never_shared_and_reused_only_after_on_complete(ops) -> No
                 p = int(group.pool.head(1)[0])
                 group.start(p, int(np.flatnonzero(free)[0]))
         elif op == "token":
-            running = np.flatnonzero(group.running_mask())
+            running = group.running_positions()
             if running.size:
                 p = int(running[r % running.size])
                 group.advance(p, int(group.age[p]) + 1)
         elif op in ("finish", "requeue"):
-            running = np.flatnonzero(group.running_mask())
+            running = group.running_positions()
             if running.size:
                 p = int(running[r % running.size])
                 if op == "finish":
@@ -86,7 +86,7 @@ def test_positions_are_never_shared_and_reused_only_after_on_complete(ops) -> No
             told |= {d.position for d in deps}
             group.release(deps)
             told.clear()
-        running = set(np.flatnonzero(group.running_mask()).tolist())
+        running = set(group.running_positions().tolist())
         waiting = set(group.pool.order)
         pending = {d.position for d in group.departures}
         assert running | waiting == live
@@ -420,7 +420,7 @@ def test_a_prediction_service_that_is_down_falls_back_and_is_counted() -> None:
             p = group.arrive(50, i + 1, 0.0)
             d.waiter(p)
         assert d.decide() == 3  # nothing runs yet: nothing to predict
-        group.advance(int(np.flatnonzero(group.running_mask())[0]), 1)
+        group.advance(int(group.running_positions()[0]), 1)
         p = group.arrive(60, 9, 0.0)
         d.waiter(p)
         assert d.decide() == 1  # BR-H predicted for the running ones: the service is down
@@ -501,7 +501,7 @@ def test_the_fan_out_teaches_each_arm_every_finished_request_exactly_once() -> N
             if p is not None:
                 d.waiter(p)
             d.decide()
-            running += [q for q in np.flatnonzero(group.running_mask()).tolist()
+            running += [q for q in group.running_positions().tolist()
                         if q not in running]  # fmt: skip
             if len(running) >= 3:
                 q = running.pop(0)

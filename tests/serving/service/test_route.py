@@ -100,12 +100,12 @@ def in_process(s: dict, policy: str, options: dict | None, estimator) -> list[tu
     state = RouterState(
         iteration=s["iteration"],
         time_s=100.0,
-        loads=np.bincount(s["worker"], weights=workload, minlength=g).astype(np.float64),
         free_slots=s["free"].astype(np.int64),
         active=np.bincount(s["worker"], minlength=g).astype(np.int64),
         pool=ArrayPool(r + np.arange(p), s["waited_it"], s["waited_s"], s["overtaken"]),
         requests=table,
         running_source=lambda: running,
+        loads_source=lambda: np.bincount(s["worker"], weights=workload, minlength=g),
     )
     cls = policy_class(policy)
     pol = cls(estimator=estimator, **(options or {})) if cls.options else cls()

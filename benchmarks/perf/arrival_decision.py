@@ -70,12 +70,13 @@ def main() -> None:
     for _ in range(args.runs):
         for r in routers:
             runs[r].append(asyncio.run(one_run(r, args.running, args.arrivals)))
-    out = {
-        r: {"admit_us_p50": round(statistics.median(a for a, _ in v), 1),
+    out = {}
+    for r, v in runs.items():
+        out[r] = {
+            "admit_us_p50": round(statistics.median(a for a, _ in v), 1),
             "finished_us_p50": round(statistics.median(f for _, f in v), 1),
-            "admit_us_runs": [round(a, 1) for a, _ in v]}  # fmt: skip
-        for r, v in runs.items()
-    }
+            "admit_us_runs": [round(a, 1) for a, _ in v],
+        }
     print(json.dumps({"routers": out, "running": args.running, "arrivals": args.arrivals,
                       "loadavg_before": load0, "loadavg_after": os.getloadavg()}, indent=1))  # fmt: skip
 

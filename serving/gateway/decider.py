@@ -78,17 +78,17 @@ def arrive(gw: Gateway, request_id: str, tokens: int, key: str, key_hash: int,
         raise Rejected(
             429, f"the gateway's pool is full ({group.pool.size} requests waiting); retry later"
         )
-    position = group.arrive(tokens, key_hash, gw.clock())
+    arrival = gw.clock()
+    position = group.arrive(tokens, key_hash, arrival)
     assert position is not None  # positions_free was checked above
-    arrival = float(group.arrival_s[position])
     req = LiveRequest(
         request_id=request_id, path="", chat=False, body={}, stream=stream, usage=False,
         continuous=False, prompt_tokens=tokens, prompt_key=key, arrival=arrival,
         arrival_epoch=time.time(), position=position, admitted=gw.dispatcher.waiter(position),
         ticket=gw.twins.arrived(arrival, tokens, key_hash),
     )  # fmt: skip
-    gw.metrics.outcomes.labels("accepted").inc()
-    gw.dispatcher.arrived()
+    gw.metrics.accepted.inc()
+    gw.dispatcher.arrived(arrival)
     return req
 
 

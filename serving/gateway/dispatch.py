@@ -114,17 +114,16 @@ class Dispatcher:
             asyncio.get_running_loop().call_soon(self._scheduled_decision)
         self._ring()
 
-    def arrived(self) -> None:
-        """A request joined the pool: decided now if it waits alone and a slot is free (nothing
-        to batch it with; at low load this is every arrival, and its first token is not made to
-        wait for the event loop's next pass), else at the loop's next pass (:meth:`wake`); with a
-        group at least half full, in the held decision (:meth:`Timing.holds`)."""
+    def arrived(self, now: float | None = None) -> None:
+        """A request joined the pool at ``now``: decided at once if it waits alone and a slot is
+        free (at low load every arrival: its first token does not wait for the loop's next pass),
+        else at the loop's next pass (:meth:`wake`) or in the held decision (:meth:`Timing.holds`)."""
         group = self.group
         if self.timing.holds(self.decide, self._batches()):
             self._ring()
         elif group.pool.size == 1 and group.has_free_slot():
             self._ring()
-            self.decide()
+            self.decide(now)
         else:
             self.wake()
 
@@ -168,9 +167,9 @@ class Dispatcher:
         fan_out(self.arms.values(), batch, self.recent)
         self.group.release(deps)
 
-    def decide(self) -> int:
-        """One decision now; returns how many requests it admitted."""
-        now = self.clock()
+    def decide(self, now: float | None = None) -> int:
+        """One decision at ``now`` (None: the clock's); how many requests it admitted."""
+        now = self.clock() if now is None else now
         arm = self._activate(now)
         self._tell_departures(arm, now)
         group = self.group

@@ -114,6 +114,7 @@ class GatewayMetrics:
         for attr, (kind, name, doc, labels, buckets) in SPECS.items():
             extra: dict[str, Any] = {} if buckets is None else {"buckets": buckets}
             setattr(self, attr, kind(P + name, doc, list(labels), registry=self.registry, **extra))
+        self.accepted = self.outcomes.labels("accepted")  # every request: the lookup once
 
     def twins(
         self,

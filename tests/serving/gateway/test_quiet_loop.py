@@ -46,9 +46,9 @@ class Counted(Dispatcher):
 
         sb.sample = sample  # type: ignore[method-assign]
 
-    def decide(self) -> int:
+    def decide(self, now: float | None = None) -> int:
         self.decisions += 1
-        return super().decide()
+        return super().decide(now)
 
 
 def test_a_quiet_loop_sleeps_until_an_arrival_wakes_it() -> None:

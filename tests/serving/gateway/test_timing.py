@@ -41,8 +41,8 @@ class Counted(Dispatcher):
         super().__init__(group, [arm], sb, GatewayMetrics(), when=when, **more)
         self.admitted: list[int] = []
 
-    def decide(self) -> int:
-        n = super().decide()
+    def decide(self, now: float | None = None) -> int:
+        n = super().decide(now)
         self.admitted.append(n)
         return n
 

@@ -23,6 +23,33 @@ from balanceroute.serving.testbed.emulator.iterlog import rank_matrix, read_log
 from tests.serving.testbed.helpers import Emulator
 
 
+@settings(max_examples=80, deadline=None)
+@given(
+    periods=st.lists(st.one_of(st.none(), st.floats(0.01, 0.1)), min_size=1, max_size=6),
+    rows=st.lists(st.tuples(st.integers(0, 5), st.sampled_from(["waiting", "counted", "timed"]),
+                            st.floats(0.0, 5.0), st.floats(0.0, 60.0)), max_size=12),
+    now=st.floats(5.0, 10.0),
+)  # fmt: skip
+def test_an_age_is_one_plus_the_steps_since_the_first_token(periods, rows, now):
+    """Per request, as the module says: 0 before its first token; else 1 plus the whole steps
+    its rank counted since (from the count at the first token, or, without one, the time since
+    over the rank's period, none while the period is unknown)."""
+    clock = IterationClock(len(periods), 0.0)
+    clock.period[:] = [np.nan if p is None else p for p in periods]
+    counts = clock.counts(now).copy()
+    ranks = np.array([r % len(periods) for r, *_ in rows], dtype=np.int64)
+    first_t = np.array([np.nan if kind == "waiting" else t for _, kind, t, _ in rows])
+    at_first = np.array([c if kind == "counted" else np.nan for _, kind, _, c in rows])
+    expected = []
+    for g, (_, kind, t, c) in zip(ranks, rows, strict=True):
+        period = periods[g]
+        grown = counts[g] - c if kind == "counted" else 0.0 if period is None else (now - t) / period
+        expected.append(0 if kind == "waiting" else 1 + int(np.floor(max(grown, 0.0))))
+    ages = clock.ages(ranks, at_first, first_t, now)
+    assert ages.dtype == np.int64 and ages.tolist() == expected
+    assert clock.counts(now - 1.0).tolist() == counts.tolist()  # an earlier reading adds nothing
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     period=st.floats(0.002, 0.2),

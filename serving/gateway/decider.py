@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from balanceroute.serving.gateway.clock import ClockedGroup
-from balanceroute.serving.gateway.dispatch import after_forward
 from balanceroute.serving.gateway.runtime import Gateway
 
 RELAY_LOST = "relay_lost"
@@ -177,14 +176,8 @@ class Decider:
         self.waiting[rid] = asyncio.get_running_loop().create_task(assign())
 
     def _took(self, req: LiveRequest, rank: int) -> int:
-        now = self.gw.clock()
-        req.queue_s = now - req.arrival
-        after_forward(self._waited, req.queue_s, now)
+        req.queue_s = self.gw.clock() - req.arrival  # the completion log's (metrics: at the decision)
         return rank
-
-    def _waited(self, wait: float, now: float) -> None:
-        self.gw.metrics.wait.labels(self.gw.arm_label).observe(wait)
-        self.gw.switchback.admitted(wait, now)
 
     def first_token(self, rid: int, t: float) -> None:
         """The request's first token reached the relay at monotonic time ``t``."""

@@ -206,20 +206,23 @@ class Dispatcher:
             fut = self.waiters.pop(p, None)
             if fut is not None and not fut.done():
                 fut.set_result(g)
-        after_forward(self._decided, arm, took, positions)
+        if self.quality is not None and positions:  # the deployed model's prediction at admission
+            t = group.table  # read now: a position freed later is reused
+            after_forward(self.quality.admit, arm.handle, positions, t.prompt_tokens[positions],
+                          t.prompt_key[positions])  # fmt: skip
+        after_forward(self._decided, arm.label, took, now - group.arrival_s[positions], now)
         return len(positions)
 
-    def _decided(self, arm: Arm, took_ns: int, positions: list[int]) -> None:
+    def _decided(self, label: str, took_ns: int, waits: np.ndarray, now: float) -> None:
         """A decision's bookkeeping, once its requests are forwarded: the router's step time,
-        the counts, and the deployed model's prediction at admission."""
-        self.step_ns[arm.label].append(took_ns)
-        self.metrics.step.labels(arm.label).observe(took_ns * 1e-9)
-        self.metrics.decisions.labels(arm.label).inc()
-        self.metrics.admitted.labels(arm.label).inc(len(positions))
-        if self.quality is not None and positions:
-            t = self.group.table
-            self.quality.admit(arm.handle, positions, t.prompt_tokens[positions],
-                               t.prompt_key[positions])  # fmt: skip
+        the counts, and each admitted request's wait since its arrival."""
+        self.step_ns[label].append(took_ns)
+        self.metrics.step.labels(label).observe(took_ns * 1e-9)
+        self.metrics.decisions.labels(label).inc()
+        self.metrics.admitted.labels(label).inc(len(waits))
+        for wait in waits.tolist():
+            self.metrics.wait.labels(label).observe(wait)
+            self.switchback.admitted(wait, now)
 
     # ---- the tick -------------------------------------------------------------------------
     def pulse(self, now: float) -> int:

@@ -24,7 +24,7 @@ from balanceroute.router.policies.state import Admissions
 from balanceroute.serving.gateway.arms import Arm, Handle
 from balanceroute.serving.gateway.decider import LiveRequest
 from balanceroute.serving.gateway.dispatch import Dispatcher, tick_table
-from balanceroute.serving.gateway.metrics import GatewayMetrics
+from balanceroute.serving.gateway.metrics import GatewayMetrics, P
 from balanceroute.serving.gateway.plane.request import Stream, rank_body, read_event
 from balanceroute.serving.gateway.settings import GatewaySettings
 from balanceroute.serving.gateway.state import LiveGroup
@@ -517,3 +517,33 @@ def test_the_fan_out_teaches_each_arm_every_finished_request_exactly_once() -> N
     assert len(finished) > 40
     assert seen["brh"] == finished and seen["spy"] == finished
     assert recent.batch().output_tokens.tolist() == finished
+
+
+def test_a_decisions_bookkeeping_follows_the_forward_and_counts_each_wait() -> None:
+    """The decision resolves the futures first; its step time, counts and each admitted
+    request's wait (arrival to decision) are recorded once the callback that forwards them is
+    over (at once outside an event loop)."""
+
+    def samples(d: Dispatcher) -> tuple[int, float, int]:
+        hist = {s.name: s.value for s in d.metrics.wait.collect()[0].samples}
+        name = P + "admission_wait_seconds"
+        return int(hist.get(name + "_count", 0)), hist.get(name + "_sum", 0.0), len(d.step_ns["count-jsq"])
+
+    async def scenario() -> None:
+        spec = RouterSpec.parse("count-jsq")
+        group = LiveGroup.sized(ranks=2, slots=2, max_pool=8)
+        d = _dispatcher(group, [Arm("count-jsq", spec, spec.build_policy(None), None)])
+        arrivals = [group.arrive(100, i + 1, -0.5 * i) for i in range(3)]
+        futures = [d.waiter(p) for p in arrivals]
+        assert d.decide(now=2.0) == 3 and all(f.done() for f in futures)
+        assert samples(d) == (0, 0.0, 0)  # not yet: the forward comes first
+        await asyncio.sleep(0)
+        count, total, steps = samples(d)
+        assert (count, steps) == (3, 1) and total == pytest.approx(2.0 + 2.5 + 3.0)
+
+    asyncio.run(scenario())
+    group = LiveGroup.sized(ranks=1, slots=1, max_pool=2)
+    spec = RouterSpec.parse("count-jsq")
+    d = _dispatcher(group, [Arm("count-jsq", spec, spec.build_policy(None), None)])
+    group.arrive(10, 1, 0.0)
+    assert d.decide(now=1.0) == 1 and samples(d)[:2] == (1, 1.0)

@@ -8,6 +8,7 @@ synthetic generator return a frame that :func:`validate_trace` accepts.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -192,6 +193,7 @@ def hash_keys(keys: pd.Series | np.ndarray | list) -> np.ndarray:
     return hashed
 
 
+@lru_cache(maxsize=4096)  # a gateway sees the same few prefixes (system prompts) again and again
 def hash_key(key: str) -> int:
     """One prompt key's :func:`hash_keys` hash, without building a Series (a gateway hashes one
     key per request): pandas' SipHash of the key's UTF-8 bytes, then its 64-bit mixing step,

@@ -23,7 +23,10 @@ end of the bench run), and the machine's load average before and after.
 The gateway's layout is ``--gateway-modes`` (default ``inproc``, the gateway's own default: the
 Protocol front beside the decider in one process, started with ``--no-mlflow --out DIR`` and the
 warning log level); ``plain`` is the same layout started as a user would, with only the required
-flags, and ``now`` that with ``--decide now``; ``proto1`` and ``proto2`` run relay worker processes (``--relay-workers N``). Every arm is named ``gateway[MODE]:ROUTER``. The layouts in
+flags, and ``now`` that with ``--decide now``; ``proto1`` and ``proto2`` run relay worker processes (``--relay-workers N``). Every arm is named ``gateway[MODE]:ROUTER``.
+``--floor`` adds the arm ``floor``, ``bare_relay.py``: what a Python relay on uvloop and httptools
+pays here with no checks, count or decision (the gap between it and the gateway is the gateway's
+own work). The layouts in
 one short run::
 
     .venv/bin/python benchmarks/perf/side_by_side.py --out runs/plane \
@@ -83,6 +86,8 @@ def arms(args: argparse.Namespace) -> list[tuple[str, str, str | None]]:
             kind = base + f"gateway-{mode}"
             name = "base" if base else "gateway"
             out += [(f"{name}[{mode}]:{r}", kind, r) for r in args.routers]
+    if args.floor:
+        out.append(("floor", "floor", "round_robin"))
     out += [(f"sglang-router:{p}", "sglang", p) for p in args.sglang_policies]
     out += [(f"vllm-router:{p}", "vllm", p) for p in args.vllm_policies]
     return out
@@ -123,6 +128,10 @@ def start_router(
         for u in urls:
             args += ["--rank", u]
         ready = url + "/readyz"
+    elif kind == "floor":  # the bare Python relay (bare_relay.py): the floor of the gateway's plane
+        args = [sys.executable, str(Path(__file__).with_name("bare_relay.py")), "--port", str(port)]
+        args += [a for u in urls for a in ("--rank", u)]
+        env, ready = clean_env(), url + "/health"
     elif kind == "sglang":
         args = [str(peers / "sglang-router"), "launch", "--host", "127.0.0.1", "--port", str(port),
                 "--policy", policy, "--worker-startup-check-interval", "1", "--log-level", "warn",
@@ -137,7 +146,7 @@ def start_router(
     # a plain gateway keeps MLflow's default store (SQLite in its working folder): the arm's own
     proc = ServerProcess(args, log=out / "router.out", env=env, group=True, cwd=out)
     proc.wait_ready([ready], timeout_s=180, poll_s=0.2)
-    if not kind.startswith("gateway"):  # the peers answer /health before they have registered every worker
+    if kind in ("sglang", "vllm"):  # the peers answer /health before they have registered every worker
         wait_workers(proc, url)
     return proc, url
 
@@ -336,6 +345,8 @@ def main() -> None:
                    default=list(SGLANG_POLICIES))  # fmt: skip
     p.add_argument("--vllm-policies", type=lambda t: [x for x in t.split(",") if x],
                    default=list(VLLM_POLICIES))  # fmt: skip
+    p.add_argument("--floor", action="store_true", help="also the arm 'floor': bare_relay.py, "
+                   "the fewest steps a Python relay takes (round robin, no checks, no decision)")
     p.add_argument("--peers-bin", type=Path, help="folder with sglang-router and vllm-router")
     p.add_argument("--base-python", help="another installation's python (e.g. a worktree of main "
                    "with its own .venv): every gateway arm again with its gateway, as base[MODE]")  # fmt: skip

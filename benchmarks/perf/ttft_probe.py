@@ -12,8 +12,9 @@ router (nothing else streams); ``side_by_side.py`` measures it among the streams
 group.
 
 Arms: ``direct`` (a rank straight), ``gateway:ROUTER`` for each ``--routers`` (the gateway's
-default layout), ``base:ROUTER`` with ``--base-python`` (another installation's gateway), and the
-peers' ``round_robin`` (``sglang-router``, ``vllm-router`` from ``scripts/install_peers.sh``).
+default layout), ``base:ROUTER`` with ``--base-python`` (another installation's gateway), the
+peers' ``round_robin`` (``sglang-router``, ``vllm-router`` from ``scripts/install_peers.sh``), and
+with ``--floor`` the bare Python relay (``bare_relay.py``: what any Python relay pays here).
 
     .venv/bin/python benchmarks/perf/ttft_probe.py --rounds 300 > runs/ttft_probe.json
 """
@@ -117,6 +118,7 @@ def main() -> None:
         "--words", type=int, default=600, help="prompt words (Azure-like: about 1,000 tokens)"
     )
     p.add_argument("--gap-s", type=float, default=0.02)
+    p.add_argument("--floor", action="store_true", help="also the bare Python relay (bare_relay.py)")
     p.add_argument("--out", type=Path, default=Path("runs/ttft_probe"))
     p.add_argument("--peers-bin", type=Path,
                    default=Path.home() / ".cache/balanceroute/peers/venv-sglang-router-0.3.2-vllm-router-0.1.17/bin")  # fmt: skip
@@ -131,6 +133,7 @@ def main() -> None:
         if args.base_python:
             kinds += [(f"base:{r}", "base-gateway-inproc", r) for r in args.routers.split(",") if r]
         kinds += [(f"{k}-router:round_robin", k, "round_robin") for k in args.peers.split(",") if k]
+        kinds += [("floor", "floor", "round_robin")] if args.floor else []
         for name, kind, policy in kinds:
             (args.out / name.replace(":", "_")).mkdir(exist_ok=True)
             proc, url = start_router(kind, policy, urls, args.out / name.replace(":", "_"),

@@ -262,6 +262,9 @@ class BalanceRoutePolicy(Policy):
         cfg = self.config
         if cfg.horizon == 0:
             return state.loads[:, None].copy()
+        if self.estimator.name == NoPrediction.name:  # none's P is P0: no projection to keep
+            self.projection.k0 = None
+            return self._blended(state, waiting, 0.0)
         if self.blend is not None:
             return self._blended(state, waiting, self.blend)
         k = state.iteration

@@ -239,12 +239,13 @@ class ClockedGroup(LiveGroup):
         self.heard[g] += 1
         self.age[position] = tokens
 
-    def refresh(self, now: float) -> None:
-        """Every running request's age from its rank's clock at ``now``."""
+    def refresh(self, now: float) -> np.ndarray:
+        """Every running request's age from its rank's clock at ``now``; their positions."""
         pos = self.running_positions()
         if pos.size:
             self.age[pos] = self.clock.ages(self.rank[pos], self.first_count[pos],
                                             self.first_t[pos], now)  # fmt: skip
+        return pos
 
     def start(self, position: int, rank: int) -> None:
         super().start(position, rank)
@@ -258,14 +259,13 @@ class ClockedGroup(LiveGroup):
 
     def loads(self, now: float | None = None) -> np.ndarray:
         """KV tokens per rank, the running requests aged by the clock at ``now`` (None: now)."""
-        self.refresh(self.clock_fn() if now is None else now)
-        return super().loads()
+        return super().loads(running=self.refresh(self.clock_fn() if now is None else now))
 
     def pulse(self, now: float) -> int:
         """The group's step count: the most advanced known rank clock's."""
         counts = self.clock.counts(now)
         known = self.clock.period > 0  # False where NaN: not known yet
-        self.iteration = max(self.iteration, int(np.max(counts, where=known, initial=-1)))
+        self.iteration = max(self.iteration, int(counts.max(where=known, initial=-1)))
         return super().pulse(now)
 
     def next_step(self, after: float) -> float | None:

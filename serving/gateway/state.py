@@ -207,9 +207,10 @@ class LiveGroup:
     def running_positions(self) -> np.ndarray:
         return np.flatnonzero(self.rank >= 0)
 
-    def loads(self, now: float | None = None) -> np.ndarray:
-        """KV tokens per rank: prompt plus streamed tokens of its running requests."""
-        pos = self.running_positions()
+    def loads(self, now: float | None = None, running: np.ndarray | None = None) -> np.ndarray:
+        """KV tokens per rank: prompt plus streamed tokens of its running requests (``running``:
+        their positions, when known)."""
+        pos = self.running_positions() if running is None else running
         work = self.table.prompt_tokens[pos] + self.age[pos]
         return np.bincount(self.rank[pos], weights=work, minlength=self.ranks)
 

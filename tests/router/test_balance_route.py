@@ -284,6 +284,35 @@ def test_projection_view_counts_new_admissions_as_growing():
     np.testing.assert_allclose(proj.view(6, np.array([101.0, 0.0]))[1], [0, 0, 0, 0])
 
 
+@settings(max_examples=100, deadline=None)
+@given(
+    workload=st.lists(st.integers(1, 20_000), min_size=0, max_size=40),
+    admitted=st.lists(st.integers(1, 20_000), max_size=4),
+    refill=st.one_of(st.none(), st.floats(1, 5000)),
+    seed=st.integers(0, 1000),
+)
+def test_none_projects_the_loads_as_they_are(workload, admitted, refill, seed):
+    """What lets BR-H with ``none`` skip the projection: ``none``'s cutoff (the whole window)
+    gives each rank its load now plus one token per running request per offset, refill or
+    not, with the requests admitted since the rebuild counted the same way."""
+    rng = np.random.default_rng(seed)
+    g, horizon = 4, 12
+    n = len(workload)
+    workers = rng.integers(0, g, n)
+    proj = LoadProjection(g, horizon, 1, n + len(admitted))
+    proj.rebuild_cutoff(7, np.arange(n), workers, np.asarray(workload), np.full(n, float(horizon)),
+                        refill)  # fmt: skip
+    loads = np.bincount(workers, weights=np.asarray(workload, dtype=float), minlength=g)
+    active = np.bincount(workers, minlength=g).astype(float)
+    for i, prompt in enumerate(admitted):
+        w = int(rng.integers(0, g))
+        proj.add(n + i, w, float(prompt), 7)
+        loads[w] += prompt
+        active[w] += 1
+    none = loads[:, None] + active[:, None] * np.arange(horizon + 1)
+    np.testing.assert_array_equal(proj.view(7, loads), none)
+
+
 def test_config_rejects_bad_values_and_unknown_options():
     from balanceroute.features.errors import UserError
 

@@ -23,6 +23,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from balanceroute.serving.http.settings import ServiceSettings
 
+CHECKED = frozenset((b"host", b"origin", b"content-type"))
+
 
 def host_name(value: str) -> str:
     """The host part of a ``Host`` header or an origin's netloc, lower case, without the port."""
@@ -65,11 +67,14 @@ class OriginCheck:
 
     def problem(self, scope: Scope) -> tuple[int, str] | None:
         """``(status, reason)`` when the call must be refused, else None."""
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        host = headers.get("host", "")
+        found: dict[bytes, bytes] = {}  # the three headers read (the last of each, as a dict)
+        for k, v in scope["headers"]:
+            if k in CHECKED:
+                found[k] = v
+        host = found.get(b"host", b"").decode("latin-1")
         if not self.any_host and host_name(host) not in self.hosts:
             return 400, f"Host '{host[:100]}' is not allowed (see BALANCEROUTE_ALLOWED_HOSTS)"
-        origin = headers.get("origin")
+        origin = found[b"origin"].decode("latin-1") if b"origin" in found else None
         if origin is not None:
             clean = origin.strip().rstrip("/").lower()
             own = urlsplit(clean).netloc == host.strip().lower()
@@ -78,8 +83,8 @@ class OriginCheck:
                     403,
                     f"Origin '{origin[:100]}' is not allowed (see BALANCEROUTE_ALLOWED_ORIGINS)",
                 )
-        kind = headers.get("content-type")
-        if scope["method"] == "POST" and kind is not None and not is_json(kind):
+        kind = found.get(b"content-type")
+        if scope["method"] == "POST" and kind is not None and not is_json(kind.decode("latin-1")):
             return (
                 self.content_type_status,
                 "the body must be JSON: send Content-Type: application/json",

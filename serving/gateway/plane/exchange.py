@@ -268,13 +268,13 @@ class Exchange:
             self._fail(str(exc))
             return
         if waiting and st.first_t is not None:
-            self._started_reading()
             if self.req.stream:  # the client's first token before the decider's bookkeeping
                 self._start_stream(b"".join(out))
                 self.held = self.splitter.buf
                 self.streaming = True
                 if self.up is not None:
                     self.up.relaying = True
+            self._started_reading()  # the chunk deadline, after the client's first token
             if st.tokens > 0:  # only the first token is news to the decider
                 self.decider.first_token(self.rid, now)
         elif self.req.stream:

@@ -3,7 +3,8 @@ outside the engine before its first token, and against every other arm the diffe
 two medians with a 95% bootstrap interval over the requests (paired: the same requests ran in
 every arm, so a request is resampled in both arms at once). The noise floor beside it: the same
 interval between the two gateway arms of one build (``count-jsq`` and ``brh`` route a lone
-arrival alike at low load).
+arrival alike at low load); with ``--base-python`` each gateway arm against the same arm of the
+other build (``vs_base``).
 
 Issue 20's TTFT target reads off ``gateway[inproc]:ROUTER`` against the best peer: the upper end
 of the interval at most 1 ms.
@@ -66,8 +67,11 @@ def main() -> None:
                 row["vs_direct"] = median_gap(s, arms["direct"], args.reps, rng)
             if best is not None and name != best:
                 row["vs_best_peer"] = median_gap(s, peers[best], args.reps, rng)
+            base = "base" + name.removeprefix("gateway") if name.startswith("gateway[") else None
+            if base in arms:  # this build against the one before (--base-python)
+                row["vs_base"] = median_gap(s, arms[base], args.reps, rng)
             rows[name] = row
-        for prefix in ("gateway[inproc]", "base[inproc]"):
+        for prefix in sorted({n.split("]")[0] + "]" for n in arms if "]" in n}):
             jsq, brh = f"{prefix}-count-jsq", f"{prefix}-brh"
             if jsq in arms and brh in arms:
                 rows[f"noise_floor:{prefix}"] = median_gap(arms[brh], arms[jsq], args.reps, rng)

@@ -12,7 +12,7 @@ non-streaming client gets the answer assembled from every event
 
 Faults. Until the first token has reached the client it has seen nothing, so a rank that fails
 then (connection refused or broken, a 5xx or 429 answer, a 401/403 refusing the gateway's
-upstream key, the stream ending early, an abort: vLLM stopping gracefully) is taken out of
+upstream key, the stream ending early or at ``[DONE]`` alone, an abort: a vLLM that stops) is out of
 rotation and the request goes back to the head of the pool, to be routed again (at most
 ``max_attempts`` ranks); a rank's other 4xx is the client's answer and is relayed. After the
 first token the client gets an SSE error event and ``[DONE]``: so does a stream that is not valid
@@ -357,6 +357,9 @@ class Exchange:
         """``[DONE]``: the request finished on its rank (``last``: the stream's last events,
         not yet written)."""
         st, req = self.st, self.req
+        if st.tokens == 0 and st.finish_reason is None:  # [DONE] alone: a rank that stopped
+            self._fail("the stream ended before a token or a finish reason")
+            return
         if self.up is not None:
             self.up.release()
             self.up = None

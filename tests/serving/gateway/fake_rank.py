@@ -2,7 +2,9 @@
 PORT [--key KEY]``. It streams vLLM's completion chunks (``logprobs`` when asked, ``token_ids``,
 ``stop_reason``, ``system_fingerprint``, the id built from ``x-request-id``) and misbehaves on cue,
 by the prompt: ``abort-before`` (the first such request ends with ``finish_reason`` ``abort``
-before any token, as vLLM does when it stops), ``abort-mid`` (two tokens, then ``abort``),
+before any token, as vLLM does when it stops), ``empty-before`` (the first such request gets a
+usage chunk and ``[DONE]`` with no token and no finish reason, as a vLLM rank stopped by SIGTERM
+answered one in a conformance run), ``abort-mid`` (two tokens, then ``abort``),
 ``hang-before`` (the first such request never sends a token), ``hang-mid`` (two tokens, then
 silence), ``plain`` (chunks as vLLM sends them with only ``include_usage``: no usage in a token
 chunk, the final usage chunk only when asked; written in uneven pieces that cut events, several
@@ -23,7 +25,7 @@ import orjson
 from aiohttp import web
 
 MODEL = "fake"
-seen = {"abort-before": 0, "hang-before": 0}
+seen = {"abort-before": 0, "hang-before": 0, "empty-before": 0}
 HANG_S = 120.0
 
 
@@ -55,6 +57,12 @@ async def completions(request: web.Request) -> web.StreamResponse:
     if "abort-before" in prompt and seen["abort-before"] == 0:
         seen["abort-before"] += 1
         await resp.write(_chunk(rid, "", "abort", 0, 3, None, None) + b"data: [DONE]\n\n")
+        return resp
+    if "empty-before" in prompt and seen["empty-before"] == 0:  # a usage chunk, then [DONE]
+        seen["empty-before"] += 1
+        usage = {"prompt_tokens": 3, "completion_tokens": 0, "total_tokens": 3}
+        await resp.write(b"data: " + orjson.dumps({"id": rid, "object": "text_completion",
+                         "choices": [], "usage": usage}) + b"\n\ndata: [DONE]\n\n")  # fmt: skip
         return resp
     if "hang-before" in prompt and seen["hang-before"] == 0:
         seen["hang-before"] += 1

@@ -150,16 +150,19 @@ def test_answers_keep_the_ranks_fields_and_the_log_stays_clean(fake: FakeRank,
         events = _stream(gw.url, "abort-before please")  # the rank aborts it before a token
         assert [e["choices"][0]["finish_reason"] for e in events][-1] == "length"
         assert sum(1 for e in events if e["choices"][0]["text"]) == 4
+        events = _stream(gw.url, "empty-before please")  # [DONE] with nothing before it
+        assert [e["choices"][0]["finish_reason"] for e in events][-1] == "length"
+        assert sum(1 for e in events if e["choices"][0]["text"]) == 4
         events = _stream(gw.url, "abort-mid please", max_tokens=10)  # cut after two tokens
         assert events[-1]["choices"][0]["finish_reason"] == "abort"
         assert gw.metric("balanceroute_gateway_requests_total", outcome="aborted") == 1
-        assert gw.metric("balanceroute_gateway_reroutes_total", rank="0") == 1
+        assert gw.metric("balanceroute_gateway_reroutes_total", rank="0") == 2
     finally:
         gw.stop()
     log = pd.concat(pd.read_parquet(p) for p in (tmp_path / "gw" / "completions").glob("*.parquet"))
-    assert len(log) == 2  # the whole answer and the re-routed stream; not the aborted one
-    assert list(log["finish_reason"]) == ["length", "length"]
-    assert list(log["output_tokens"]) == [4, 4]
+    assert len(log) == 3  # the whole answer and the re-routed streams; not the aborted one
+    assert list(log["finish_reason"]) == ["length"] * 3
+    assert list(log["output_tokens"]) == [4, 4, 4]
 
 
 def test_bench_counts_an_aborted_stream_as_failed(fake: FakeRank) -> None:

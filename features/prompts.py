@@ -9,13 +9,23 @@ space, so requests of one trace key share one live key.
 
 The emulator's tokenizer is :func:`count_tokens`: a text prompt counts its whitespace-separated
 words, a token-id list counts its ids. Real engines tokenize text differently (send ids to get
-exact prompt lengths there).
+exact prompt lengths there). A gateway counts a live prompt with :class:`PromptCounter`: with a
+Hugging Face ``tokenizer.json`` (``--tokenizer FILE``, loaded from that local file by the
+``tokenizers`` package) a text prompt's count is exact for completions (chat templates add a few
+tokens it does not see), a token-id prompt's is exact without one, and otherwise the count is
+:func:`count_tokens`' estimate; the rank's own ``usage.prompt_tokens`` replaces it when it
+arrives. :func:`prompt_key` gives the live key and its hash, as trace keys are hashed
+(:func:`~balanceroute.features.schema.hash_key`).
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from pathlib import Path
+
+from balanceroute.features.errors import UserError
+from balanceroute.features.schema import hash_key
 
 PROMPT_KEY_TOKENS = 16
 # a key word is cut to this many characters: a client's prompt cannot make its key, which
@@ -121,3 +131,34 @@ def chat_text(messages: Sequence[object]) -> str:
                 p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
             )
     return " ".join(texts)
+
+
+class PromptCounter:
+    """Counts prompt tokens: exactly with a tokenizer or for token ids, else an estimate."""
+
+    def __init__(self, tokenizer_file: str | Path | None = None) -> None:
+        self.tokenizer = None
+        if tokenizer_file is not None:
+            from tokenizers import Tokenizer
+
+            path = Path(tokenizer_file)
+            if not path.is_file():
+                raise UserError(f"--tokenizer '{path}': no such file")
+            try:
+                self.tokenizer = Tokenizer.from_file(str(path))
+            except Exception as exc:  # the Rust library raises plain Exceptions
+                raise UserError(f"--tokenizer '{path}' is not a tokenizer.json: {exc}") from None
+
+    def count(self, prompt: str | Sequence[int]) -> tuple[int, bool]:
+        """``(tokens, exact)`` of one prompt."""
+        if not isinstance(prompt, str):
+            return len(prompt), True
+        if self.tokenizer is not None:
+            return len(self.tokenizer.encode(prompt).ids), True
+        return count_tokens(prompt), False
+
+
+def prompt_key(prompt: str | Sequence[int]) -> tuple[str, int]:
+    """The live prompt key and its 64-bit hash (never 0 for a key)."""
+    key = prompt_key_of(prompt)
+    return key, hash_key(key)

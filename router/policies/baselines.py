@@ -37,7 +37,7 @@ class FCFSPolicy(Policy):
         prompts = state.requests.prompt_tokens[positions].tolist() if self.needs_prompts else None
         loads = state.loads.tolist() if self.needs_loads else None
         workers = self.assign(due, state.free_slots.tolist(), state.active.tolist(), loads, prompts)
-        return Admissions(positions, np.asarray(workers, dtype=np.int64))
+        return Admissions(positions, np.fromiter(workers, dtype=np.int64, count=len(workers)))
 
     def assign(
         self,

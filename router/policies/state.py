@@ -82,7 +82,9 @@ class RouterState:
     requests: RequestTable
     running_source: RunningSource
     loads_source: LoadsSource
+    free_total: int = -1  # ``free_slots.sum()`` where the builder keeps it (-1: summed here)
     _loads: np.ndarray | None = field(default=None, init=False, repr=False)
+    _due: int = field(default=-1, init=False, repr=False)
 
     @property
     def loads(self) -> np.ndarray:
@@ -99,8 +101,12 @@ class RouterState:
 
     @property
     def admissions_due(self) -> int:
-        """``U_k = min(|pool|, free slots)``: how many requests a maximal policy admits now."""
-        return int(min(self.pool.size, int(self.free_slots.sum())))
+        """``U_k = min(|pool|, free slots)``: how many requests a maximal policy admits now
+        (counted once: a snapshot's pool and slots do not change)."""
+        if self._due < 0:
+            free = self.free_total if self.free_total >= 0 else int(self.free_slots.sum())
+            self._due = min(self.pool.size, free)
+        return self._due
 
     def running(self) -> RunningRequests:
         """The running requests (built on demand: most policies never need them)."""

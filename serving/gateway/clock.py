@@ -46,9 +46,9 @@ class IterationClock:
 
     def __init__(self, ranks: int, now: float) -> None:
         self.period = np.full(ranks, np.nan)  # seconds per iteration; NaN: not known yet
+        self.rate = np.zeros(ranks)  # iterations per second (1 / period; 0 while unknown)
         self.count = np.zeros(ranks)  # iterations counted so far
-        self.at = np.full(ranks, now)  # when ``count`` was last brought up to date
-        self.upto = now  # every rank's ``at`` is at least this: a read at or before it adds nothing
+        self.upto = now  # when ``count`` was last brought up to date: a read before adds nothing
         self.group_period = float("nan")
         self.step = float("nan")  # the ranks' median period (the group's step), NaN: unknown
         self.finishes = 0
@@ -56,14 +56,18 @@ class IterationClock:
         self.engine: dict[int, tuple[float, float, bool]] = {}
 
     def counts(self, now: float) -> np.ndarray:
-        """Every rank's iteration count at ``now`` (brought up to date)."""
+        """Every rank's iteration count at ``now`` (brought up to date; two array operations:
+        an arrival reads them before its decision)."""
         if now <= self.upto:  # a decision reads them several times at one instant
             return self.count
+        self.count += self.rate * (now - self.upto)
         self.upto = now
-        grown = np.maximum(now - self.at, 0.0) / self.period  # NaN where the period is unknown
-        np.add(self.count, grown, out=self.count, where=self.period > 0)
-        np.maximum(self.at, now, out=self.at)
         return self.count
+
+    def set_periods(self, periods: np.ndarray | list[float] | float) -> None:
+        """Every rank's period (NaN: unknown), and its rate."""
+        self.period[:] = periods
+        self.rate = np.fmax(1.0 / self.period, 0.0)  # 0 where NaN
 
     def observe(self, rank: int, count_at_first: float, first_t: float, last_t: float,
                 tokens: int, now: float) -> None:  # fmt: skip
@@ -78,8 +82,6 @@ class IterationClock:
         self.counts(now)
         unknown = np.isnan(self.period)
         self.period[unknown] = self.group_period  # a rank's first estimate: the group's
-        self.at[unknown] = now
-        self.upto = min(self.upto, now)
         if unknown[rank]:
             self.period[rank] = tpot
             self._step()
@@ -105,7 +107,9 @@ class IterationClock:
             self._step()
 
     def _step(self) -> None:
-        """The group's step: the median of the known periods (it runs at every finish)."""
+        """The rates and the group's step, the median of the known periods, after a period
+        changed (at every finish)."""
+        self.set_periods(self.period)
         known = self.period[~np.isnan(self.period)]
         self.step = small_median(known) if known.size else float("nan")
 
@@ -113,16 +117,19 @@ class IterationClock:
         """``rank``'s count at ``t`` (a first token's), NaN while its period is unknown."""
         if np.isnan(self.period[rank]):
             return float("nan")
-        return float(self.counts(max(t, float(self.at[rank])))[rank])
+        return float(self.counts(t)[rank])
 
     def ages(self, ranks: np.ndarray, count_at_first: np.ndarray, first_t: np.ndarray,
              now: float) -> np.ndarray:  # fmt: skip
         """Ages of requests running on ``ranks`` with first tokens at ``first_t`` (NaN: none
         yet, age 0) and the ranks' counts then (NaN: the clock did not run yet, so the age is
-        the time since over the period)."""
+        the time since over the period). Where every count is known, the same in a third of
+        the array operations (a lone arrival's decision reads them)."""
+        by_count = self.counts(now)[ranks] - count_at_first
+        if not np.isnan(by_count).any():  # truncating is flooring here, once clipped at 0
+            return np.maximum(by_count.astype(np.int64), 0) + 1
         period = self.period[ranks]
         by_time = np.where(np.isnan(period), 0.0, (now - first_t) / period)
-        by_count = self.counts(now)[ranks] - count_at_first
         grown = np.where(np.isnan(count_at_first), by_time, by_count)  # NaN: no first token yet
         age = np.where(np.isnan(first_t), 0.0, 1.0 + np.floor(np.maximum(grown, 0.0)))
         return age.astype(np.int64)
@@ -239,14 +246,6 @@ class ClockedGroup(LiveGroup):
         self.heard[g] += 1
         self.age[position] = tokens
 
-    def refresh(self, now: float) -> np.ndarray:
-        """Every running request's age from its rank's clock at ``now``; their positions."""
-        pos = self.running_positions()
-        if pos.size:
-            self.age[pos] = self.clock.ages(self.rank[pos], self.first_count[pos],
-                                            self.first_t[pos], now)  # fmt: skip
-        return pos
-
     def start(self, position: int, rank: int) -> None:
         super().start(position, rank)
         self.first_count[position] = np.nan
@@ -258,14 +257,24 @@ class ClockedGroup(LiveGroup):
         super().leave(position, output_tokens, learn=learn)
 
     def loads(self, now: float | None = None) -> np.ndarray:
-        """KV tokens per rank, the running requests aged by the clock at ``now`` (None: now)."""
-        return super().loads(running=self.refresh(self.clock_fn() if now is None else now))
+        """KV tokens per rank, every running request aged by its rank's clock at ``now`` (None:
+        now; its age kept)."""
+        pos = self.running_positions()
+        ranks = self.rank[pos]
+        ages = self.clock.ages(ranks, self.first_count[pos], self.first_t[pos],
+                               self.clock_fn() if now is None else now)  # fmt: skip
+        self.age[pos] = ages
+        work = self.table.prompt_tokens[pos] + ages
+        return np.bincount(ranks, weights=work, minlength=self.ranks)
 
     def pulse(self, now: float) -> int:
-        """The group's step count: the most advanced known rank clock's."""
-        counts = self.clock.counts(now)
-        known = self.clock.period > 0  # False where NaN: not known yet
-        self.iteration = max(self.iteration, int(counts.max(where=known, initial=-1)))
+        """The group's step count: the most advanced known rank clock's (one whose period is
+        unknown counts 0, where the iteration starts); read once an instant (an arrival's
+        decision pulses where its arrival did)."""
+        same = now == self.now and self.tokens_seen == self._tokens_at_decision
+        if same and now <= self.clock.upto:
+            return self.iteration
+        self.iteration = max(self.iteration, int(max(self.clock.counts(now).tolist())))
         return super().pulse(now)
 
     def next_step(self, after: float) -> float | None:

@@ -56,6 +56,7 @@ class LiveRequest:
     finished: bool = False
     queue_s: float = 0.0  # arrival to the last forward
     ticket: int = -1  # the live twins' feed
+    raw: bytes = b""  # the body as posted
 
 
 def no_rank(gw: Gateway) -> str:
@@ -141,7 +142,7 @@ class Decider:
         try:
             if gw.drain.draining:
                 raise Rejected(503, "the gateway is shutting down")
-            if not gw.group.healthy.any():
+            if gw.health.outage_since is not None:  # no rank in rotation (``group.healthy``)
                 raise Rejected(503, no_rank(gw))
             req = arrive(gw, request_id, tokens, key, key_hash, stream)
         except Rejected as no:

@@ -121,7 +121,8 @@ class Dispatcher:
         group = self.group
         if self.timing.holds(self.decide, self._batches()):
             self._ring()
-        elif group.pool.size == 1 and group.has_free_slot():
+        elif group.pool.size == 1 and (group.running_total < group.slots  # every rank has room
+                                       or group.has_free_slot()):
             self._ring()
             self.decide(now)
         else:
@@ -206,21 +207,22 @@ class Dispatcher:
             fut = self.waiters.pop(p, None)
             if fut is not None and not fut.done():
                 fut.set_result(g)
-        if self.quality is not None and positions:  # the deployed model's prediction at admission
-            t = group.table  # read now: a position freed later is reused
-            after_forward(self.quality.admit, arm.handle, positions, t.prompt_tokens[positions],
-                          t.prompt_key[positions])  # fmt: skip
-        after_forward(self._decided, arm.label, took, now - group.arrival_s[positions], now)
+        at = adm.positions  # read now (a position freed later is reused), as an array: less work
+        if self.quality is not None and positions and arm.handle is not None:
+            t = group.table  # the deployed model's prediction at admission
+            after_forward(self.quality.admit, arm.handle, positions, t.prompt_tokens[at],
+                          t.prompt_key[at])  # fmt: skip
+        after_forward(self._decided, arm.label, took, group.arrival_s[at], now)
         return len(positions)
 
-    def _decided(self, label: str, took_ns: int, waits: np.ndarray, now: float) -> None:
+    def _decided(self, label: str, took_ns: int, arrivals: np.ndarray, now: float) -> None:
         """A decision's bookkeeping, once its requests are forwarded: the router's step time,
         the counts, and each admitted request's wait since its arrival."""
         self.step_ns[label].append(took_ns)
         self.metrics.step.labels(label).observe(took_ns * 1e-9)
         self.metrics.decisions.labels(label).inc()
-        self.metrics.admitted.labels(label).inc(len(waits))
-        for wait in waits.tolist():
+        self.metrics.admitted.labels(label).inc(len(arrivals))
+        for wait in (now - arrivals).tolist():
             self.metrics.wait.labels(label).observe(wait)
             self.switchback.admitted(wait, now)
 

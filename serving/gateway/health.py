@@ -93,7 +93,7 @@ class RankHealth:
     def _set(self, rank: int, ok: bool, why: str = "") -> None:
         for g in self._ranks_of(rank):
             was = bool(self.group.healthy[g])
-            self.group.healthy[g] = ok
+            self.group.set_healthy(g, ok)
             self.metrics.healthy.labels(str(g)).set(int(ok))
             if ok and not was:
                 log.warning("rank %d is healthy again: back in rotation", g)

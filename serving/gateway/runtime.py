@@ -3,7 +3,7 @@
 The parts: the live group and pool (:mod:`.state`), the decision loop (:mod:`.dispatch`), the
 arms and their estimators (:mod:`.arms`), the switchback (:mod:`~balanceroute.router.lab.switchback`),
 rank health (:mod:`.health`), the completion log (:mod:`~balanceroute.serving.lifecycle.completion_log`),
-metrics (:mod:`.metrics`) and prompt counting (:mod:`.tokens`). At shutdown ``OUT/ticks.parquet``
+metrics (:mod:`.metrics`) and prompt counting (:mod:`~balanceroute.features.prompts`). At shutdown ``OUT/ticks.parquet``
 keeps every tick's sample (epoch time, pool size, imbalance, arm, and the per-rank loads and running
 counts the gateway sees): what the live benchmark aligns with the engine's iterations to tell when
 requests were waiting at the gateway, and how far the gateway's view was from the engine's. Requests themselves are run by
@@ -24,6 +24,7 @@ import pandas as pd
 
 from balanceroute.features.errors import UserError
 from balanceroute.features.files import write_parquet
+from balanceroute.features.prompts import PromptCounter
 from balanceroute.features.workload import WorkloadSpec, load_workload
 from balanceroute.predict.live_quality import LiveQuality
 from balanceroute.router.lab.switchback import Switchback, twin_agreement
@@ -36,7 +37,6 @@ from balanceroute.serving.gateway.reload import reload_arms
 from balanceroute.serving.gateway.settings import GatewaySettings
 from balanceroute.serving.gateway.state import LiveGroup
 from balanceroute.serving.gateway.timing import When
-from balanceroute.serving.gateway.tokens import PromptCounter
 from balanceroute.serving.gateway.twins import GatewayTwins
 from balanceroute.serving.gateway.upstream import RankPool
 from balanceroute.serving.lifecycle.completion_log import CompletionLog

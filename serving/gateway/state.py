@@ -106,7 +106,9 @@ class LiveGroup:
         self.release_iter = np.zeros(n, dtype=np.int64)
         self.overtaken = np.zeros(n, dtype=np.int64)
         self.inflight = np.zeros(self.ranks, dtype=np.int64)
+        self.running_total = 0  # ``inflight.sum()`` kept as a Python int: read at every arrival
         self.healthy = np.ones(self.ranks, dtype=bool)
+        self.out_of_rotation = 0  # ranks not ``healthy`` (:meth:`set_healthy`)
         self.heard = np.zeros(self.ranks, dtype=np.int64)  # tokens or finishes heard per rank
         self.pool = LivePool(self)
         self._free = list(range(n - 1, -1, -1))
@@ -168,6 +170,7 @@ class LiveGroup:
         self.rank[position] = rank
         self.age[position] = 0
         self.inflight[rank] += 1
+        self.running_total += 1
 
     def advance(self, position: int, tokens: int) -> None:
         """``position`` has now streamed ``tokens`` tokens."""
@@ -190,6 +193,7 @@ class LiveGroup:
         g = int(self.rank[position])
         if g >= 0:
             self.inflight[g] -= 1
+            self.running_total -= 1
             self.rank[position] = -1
         self.departures.append(Departure(position, max(1, int(output_tokens)), learn))
 
@@ -205,19 +209,26 @@ class LiveGroup:
 
     # ---- the router's view ----------------------------------------------------------------
     def running_positions(self) -> np.ndarray:
-        return np.flatnonzero(self.rank >= 0)
+        return (self.rank >= 0).nonzero()[0]
 
-    def loads(self, now: float | None = None, running: np.ndarray | None = None) -> np.ndarray:
-        """KV tokens per rank: prompt plus streamed tokens of its running requests (``running``:
-        their positions, when known)."""
-        pos = self.running_positions() if running is None else running
+    def loads(self, now: float | None = None) -> np.ndarray:
+        """KV tokens per rank: prompt plus streamed tokens of its running requests."""
+        pos = self.running_positions()
         work = self.table.prompt_tokens[pos] + self.age[pos]
         return np.bincount(self.rank[pos], weights=work, minlength=self.ranks)
 
+    def set_healthy(self, rank: int, ok: bool) -> None:
+        """``rank`` is in rotation (``ok``) or out of it."""
+        if bool(self.healthy[rank]) != ok:
+            self.healthy[rank] = ok
+            self.out_of_rotation += -1 if ok else 1
+
     def free_slots(self) -> np.ndarray:
-        """Free slots per rank; a rank out of rotation (unhealthy) has none."""
-        free = np.maximum(self.slots - self.inflight, 0)
-        free[~self.healthy] = 0
+        """Free slots per rank; a rank out of rotation has none (a rank never runs more than
+        its slots: every admission is checked)."""
+        free = self.slots - self.inflight
+        if self.out_of_rotation:
+            free *= self.healthy
         return free
 
     def has_free_slot(self) -> bool:
@@ -276,4 +287,5 @@ class LiveGroup:
             requests=self.table,
             running_source=self.running,
             loads_source=lambda: self.loads(now),
+            free_total=-1 if self.out_of_rotation else self.slots * self.ranks - self.running_total,
         )

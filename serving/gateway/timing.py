@@ -110,7 +110,7 @@ class Timing:
         group = self.group
         if self.when is When.NOW or not batches:
             return False
-        if group.inflight.sum() < HOLD_FROM * group.ranks * group.slots:
+        if group.running_total < HOLD_FROM * group.ranks * group.slots:
             return False
         now = self.clock()
         margin = min(self.margin.value, MAX_SHARE * group.step_period())

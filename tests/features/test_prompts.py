@@ -1,4 +1,5 @@
-"""The shared live-prompt definition: exact lengths, key prefixes, and the inverse key."""
+"""The shared live-prompt definition: exact lengths, key prefixes, the inverse key, and the
+gateway's prompt counter."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from balanceroute.features.prompts import (
     FILLER_WORD,
     KEY_WORD_CHARS,
     PROMPT_KEY_TOKENS,
+    PromptCounter,
     build_prompt,
     build_prompt_ids,
     count_tokens,
+    prompt_key,
     prompt_key_of,
 )
 
@@ -73,3 +76,25 @@ def test_word_count_is_the_split_count(text: str) -> None:
     """The gateway's word count (a byte map for ASCII text) is ``len(text.split())`` for any
     text, ASCII separators and Unicode ones alike."""
     assert count_tokens(text) == len(text.split())
+
+
+def test_a_local_tokenizer_counts_exactly(tmp_path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[UNK]": 0, "hello": 1, "world": 2, ",": 3}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    counter = PromptCounter(path)
+    assert counter.count("hello, world") == (3, True)  # "," is its own token
+    assert PromptCounter().count("hello, world") == (2, False)  # the whitespace estimate
+    assert counter.count([5, 6, 7]) == (3, True)
+    with pytest.raises(Exception, match="tokenizer"):
+        PromptCounter(tmp_path / "missing.json")
+
+
+def test_prompt_keys_follow_the_shared_definition() -> None:
+    key, h = prompt_key("a b c " + "d " * 40)
+    assert key == "a b c " + " ".join(["d"] * 13) and h != 0
+    assert prompt_key([1, 2, 3]) == ("1 2 3", prompt_key([1, 2, 3])[1])

@@ -135,7 +135,7 @@ class Exchange:
         up = self.pool.idle_connection(rank)
         if up is None:
             return None
-        body = rank_body(self.req.body)
+        body = rank_body(self.req.body, self.req.raw)
         request = self._prepare(rank, body)
         self.up = up
         up.send(self, request)
@@ -154,7 +154,7 @@ class Exchange:
             self._leave(None)  # however the request ended, it leaves the group once
 
     async def run(self, sent: Sent | None = None) -> None:
-        body = sent.body if sent is not None else rank_body(self.req.body)
+        body = sent.body if sent is not None else rank_body(self.req.body, self.req.raw)
         attempts = self.settings.max_attempts
         attempt = 0
         try:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import itertools
 import logging
 import os
 import socket
@@ -40,12 +41,11 @@ import httpx
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from balanceroute.features.prompts import chat_text
+from balanceroute.features.prompts import PromptCounter, chat_text, prompt_key
 from balanceroute.serving.gateway import errors
 from balanceroute.serving.gateway.decider import LiveRequest
 from balanceroute.serving.gateway.plane.exchange import Exchange
 from balanceroute.serving.gateway.plane.request import PlaneContext
-from balanceroute.serving.gateway.tokens import PromptCounter, prompt_key
 from balanceroute.serving.gateway.upstream import RankPool
 from balanceroute.serving.http.deadline import HEAD_LIMIT, HEAD_TOO_LARGE, REQUEST_TIMEOUT, linger
 from balanceroute.serving.http.origin_check import OriginCheck
@@ -105,6 +105,7 @@ class Front:
         self.origin = OriginCheck(None, ctx.settings, body=errors.refusal,  # type: ignore[arg-type]
                                   content_type_status=400)  # fmt: skip
         self.token = ctx.settings.token
+        self.id_prefix, self.ids = f"gw-{os.urandom(4).hex()}", itertools.count()  # request ids
         self.exchanges: set[Exchange] = set()
         self.connections: set[Connection] = set()
         self.passing: set[asyncio.Task] = set()  # pass-throughs in flight (held: not collected)
@@ -326,7 +327,7 @@ class Connection(asyncio.Protocol):
             self._json(400, bad.body)
             return
         prompt = chat_text(data["messages"]) if chat else checked.single_prompt()
-        self._queue(path.decode(), headers, data, prompt, checked, chat)
+        self._queue(path.decode(), headers, data, prompt, checked, chat, body)
 
     def _authorized(self, headers: Headers) -> bool:
         token = self.front.token
@@ -336,7 +337,7 @@ class Connection(asyncio.Protocol):
         return scheme.lower() == b"bearer" and hmac.compare_digest(value, token.encode())
 
     def _queue(self, path: str, headers: Headers, data: dict[str, Any], prompt: Any,
-               checked: Any, chat: bool) -> None:  # fmt: skip
+               checked: Any, chat: bool, raw: bytes) -> None:  # fmt: skip
         """Count the prompt, ask the decider for a rank, and hand the request to an exchange."""
         front, ctx = self.front, self.front.ctx
         if ctx.drain.draining or ctx.decider.lost:
@@ -351,7 +352,7 @@ class Connection(asyncio.Protocol):
             self._json(400, error_body(400, f"X-Request-Id is over {MAX_ID} bytes",
                                        param="x-request-id"))  # fmt: skip
             return
-        request_id = given.decode("latin-1") if given else f"gw-{os.urandom(8).hex()}"
+        request_id = given.decode("latin-1") if given else f"{front.id_prefix}{next(front.ids):08x}"
         now = ctx.clock()
         rid, admitted = ctx.decider.admit(tokens, key_hash, key, request_id, bool(checked.stream))
         options = checked.stream_options
@@ -359,7 +360,7 @@ class Connection(asyncio.Protocol):
             request_id=request_id, path=path, chat=chat, body=data, stream=checked.stream,
             usage=bool(options and options.include_usage),
             continuous=bool(options and options.continuous_usage_stats), prompt_tokens=tokens,
-            prompt_key=key, arrival=now, arrival_epoch=0.0, position=-1, admitted=admitted,
+            prompt_key=key, arrival=now, arrival_epoch=0.0, position=-1, admitted=admitted, raw=raw,
         )  # fmt: skip
         ex = Exchange(ctx, front.pool, self, req, rid)
         self.exchange = ex

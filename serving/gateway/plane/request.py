@@ -107,9 +107,13 @@ def well_formed(events: bytes) -> bool:
     return True
 
 
-def rank_body(body: dict[str, Any]) -> bytes:
+def rank_body(body: dict[str, Any], raw: bytes = b"") -> bytes:
     """The body sent to the rank: streaming, the final usage chunk (usage in every chunk only
-    when the client asked for it)."""
+    when the client asked for it); ``raw``, the body as posted, where it asked for both."""
+    asked = body.get("stream_options")
+    usage = isinstance(asked, dict) and asked.get("include_usage") is True
+    if raw and usage and body.get("stream") is True:
+        return raw
     out = dict(body)
     out["stream"] = True
     options = dict(out.get("stream_options") or {})

@@ -23,11 +23,11 @@ from typing import Any
 
 import uvloop
 
+from balanceroute.features.prompts import PromptCounter
 from balanceroute.serving.gateway.plane.front import Front
 from balanceroute.serving.gateway.plane.request import PlaneContext
 from balanceroute.serving.gateway.plane.wire import DeciderProxy
 from balanceroute.serving.gateway.settings import GatewaySettings
-from balanceroute.serving.gateway.tokens import PromptCounter
 from balanceroute.serving.http.server import configure_logging
 
 GRACE_S = 3.0  # after the drain deadline, for the ended answers to be written

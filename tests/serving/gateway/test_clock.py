@@ -35,7 +35,7 @@ def test_an_age_is_one_plus_the_steps_since_the_first_token(periods, rows, now):
     its rank counted since (from the count at the first token, or, without one, the time since
     over the rank's period, none while the period is unknown)."""
     clock = IterationClock(len(periods), 0.0)
-    clock.period[:] = [np.nan if p is None else p for p in periods]
+    clock.set_periods([np.nan if p is None else p for p in periods])
     counts = clock.counts(now).copy()
     ranks = np.array([r % len(periods) for r, *_ in rows], dtype=np.int64)
     first_t = np.array([np.nan if kind == "waiting" else t for _, kind, t, _ in rows])

@@ -127,7 +127,7 @@ def test_a_clocked_group_needs_no_tick_and_an_arrival_reads_its_clock() -> None:
     now = [0.0]
     group = ClockedGroup.sized(2, 4, 8)
     group.attach(lambda: now[0])
-    group.clock.period[:] = 0.01  # 10 ms iterations on both ranks
+    group.clock.set_periods(0.01)  # 10 ms iterations on both ranks
     p = group.arrive(100, 1, 0.0)
     group.start(p, 0)
     assert not group.needs_tick()
@@ -182,7 +182,7 @@ def test_health_checks_skip_the_ranks_that_serve() -> None:
             group.start(p, g)
             if g != 1:  # rank 1 is quiet
                 group.advance(p, 3)
-        group.healthy[2] = False
+        group.set_healthy(2, False)
         health.fails[3] = 1
         await health.check_all()
         assert sorted(probed) == [1, 2, 3] and health.skipped == 1

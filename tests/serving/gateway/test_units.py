@@ -28,14 +28,14 @@ from balanceroute.serving.gateway.metrics import GatewayMetrics, P
 from balanceroute.serving.gateway.plane.request import Stream, rank_body, read_event
 from balanceroute.serving.gateway.settings import GatewaySettings
 from balanceroute.serving.gateway.state import LiveGroup
-from balanceroute.serving.gateway.tokens import PromptCounter, prompt_key
 from balanceroute.serving.lifecycle.recent import RecentCompletions
 
 # ---- the live group -----------------------------------------------------------------------------
 
 OPS = st.lists(
     st.tuples(
-        st.sampled_from(["arrive", "admit", "token", "finish", "abandon", "requeue", "tell"]),
+        st.sampled_from(["arrive", "admit", "token", "finish", "abandon", "requeue", "tell",
+                         "health"]),
         st.integers(0, 10_000),
     ),
     max_size=200,
@@ -86,6 +86,8 @@ def test_positions_are_never_shared_and_reused_only_after_on_complete(ops) -> No
             told |= {d.position for d in deps}
             group.release(deps)
             told.clear()
+        elif op == "health":
+            group.set_healthy(r % 3, bool(r % 2))
         running = set(group.running_positions().tolist())
         waiting = set(group.pool.order)
         pending = {d.position for d in group.departures}
@@ -95,6 +97,12 @@ def test_positions_are_never_shared_and_reused_only_after_on_complete(ops) -> No
         assert (group.inflight == np.bincount(group.rank[group.rank >= 0], minlength=3)).all()
         assert (group.inflight <= group.slots).all()
         assert group.positions_free + len(live) + len(pending) == group.capacity
+        # the counts kept beside the arrays, and what they shortcut
+        assert group.running_total == int(group.inflight.sum())
+        assert group.out_of_rotation == int((~group.healthy).sum())
+        free = np.where(group.healthy, np.maximum(group.slots - group.inflight, 0), 0)
+        assert group.free_slots().tolist() == free.tolist()
+        assert group.snapshot(0.0).admissions_due == min(group.pool.size, int(free.sum()))
 
 
 def test_requeued_request_goes_to_the_head_of_the_pool() -> None:
@@ -155,7 +163,7 @@ def test_decisions_keep_every_rank_within_b_and_skip_unhealthy_ranks(router: str
         arm = Arm(router, spec, spec.build_policy(handle), handle)
         group = LiveGroup.sized(ranks=3, slots=2, max_pool=32)
         d = _dispatcher(group, [arm])
-        group.healthy[1] = False
+        group.set_healthy(1, False)
         futures = {}
         for i in range(10):
             p = group.arrive(100 + 10 * i, i + 1, 0.0)
@@ -168,7 +176,7 @@ def test_decisions_keep_every_rank_within_b_and_skip_unhealthy_ranks(router: str
             group.advance(p, 3)
         first = next(iter(ranks))
         group.leave(first, 3, learn=True)
-        group.healthy[1] = True
+        group.set_healthy(1, True)
         assert d.decide() == 3  # the freed slot and rank 1's two
         assert (group.inflight <= 2).all()
 
@@ -347,28 +355,6 @@ def test_the_rank_body_always_streams_with_the_final_usage_chunk() -> None:
     body = orjson.loads(rank_body({"prompt": "x", "stream_options": {"include_usage": False}}))
     assert body["stream"] is True
     assert body["stream_options"] == {"include_usage": True}
-
-
-def test_a_local_tokenizer_counts_exactly(tmp_path) -> None:
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    vocab = {"[UNK]": 0, "hello": 1, "world": 2, ",": 3}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    path = tmp_path / "tokenizer.json"
-    tok.save(str(path))
-    counter = PromptCounter(path)
-    assert counter.count("hello, world") == (3, True)  # "," is its own token
-    assert PromptCounter().count("hello, world") == (2, False)  # the whitespace estimate
-    assert counter.count([5, 6, 7]) == (3, True)
-    with pytest.raises(Exception, match="tokenizer"):
-        PromptCounter(tmp_path / "missing.json")
-
-
-def test_prompt_keys_follow_the_shared_definition() -> None:
-    key, h = prompt_key("a b c " + "d " * 40)
-    assert key == "a b c " + " ".join(["d"] * 13) and h != 0
-    assert prompt_key([1, 2, 3]) == ("1 2 3", prompt_key([1, 2, 3])[1])
 
 
 @pytest.mark.parametrize(

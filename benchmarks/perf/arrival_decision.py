@@ -7,10 +7,12 @@ each arrival is decided at once (a free slot, nobody waiting) and the oldest run
 finishes after it. Figures are the medians over ``--arrivals`` (the first 200 dropped), one
 router after the other ``--runs`` times; run it with another installation's python for the
 figures before a change (the same script, side by side on a quiet machine). It times the hot
-path only: live, the same code runs several times slower between relayed tokens (cold caches,
-a shared core), which ``side_by_side.py`` measures.
+path unless ``--evict-mib`` writes that many MiB before every timed call (48 clears this
+machine's caches): live, the same code runs several times slower between relayed tokens (cold
+caches, a shared core), which ``side_by_side.py`` measures.
 
     .venv/bin/python benchmarks/perf/arrival_decision.py --routers count-jsq,brh:none
+    .venv/bin/python benchmarks/perf/arrival_decision.py --routers count-jsq,brh --evict-mib 48 --arrivals 1200
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import os
 import statistics
 import time
 
+import numpy as np
+
 from balanceroute.serving.gateway.decider import Decider
 from balanceroute.serving.gateway.runtime import build_gateway
 from balanceroute.serving.gateway.settings import GatewaySettings
@@ -29,14 +33,17 @@ from balanceroute.serving.gateway.settings import GatewaySettings
 DROP = 200
 
 
-async def one_run(router: str, running: int, arrivals: int) -> tuple[float, float]:
-    """Median microseconds of an admission and of a finish."""
+async def one_run(router: str, running: int, arrivals: int,
+                  evict: np.ndarray | None = None) -> tuple[float, float]:  # fmt: skip
+    """Median microseconds of an admission and of a finish (``evict`` written before each)."""
     ranks = [f"http://127.0.0.1:{9000 + g}" for g in range(8)]
     gw = build_gateway(GatewaySettings(ranks=ranks, slots=32, router=router))
     decider = Decider(gw)
     live: list[tuple[int, int, float]] = []
     admit_ns, finish_ns = [], []
     for i in range(arrivals):
+        if evict is not None:
+            evict[::64] += 1  # one write a cache line
         t0 = time.perf_counter_ns()
         rid, fut = decider.admit(1200, 12345 + i, "key", f"r{i}", True)
         admit_ns.append(time.perf_counter_ns() - t0)
@@ -47,6 +54,8 @@ async def one_run(router: str, running: int, arrivals: int) -> tuple[float, floa
         live.append((rid, fut.result(), now))
         if len(live) > running:
             old, rank, first = live.pop(0)
+            if evict is not None:
+                evict[::64] += 1
             t0 = time.perf_counter_ns()
             decider.finished(old, rank, first, gw.clock(), 50, 1200, "stop")
             finish_ns.append(time.perf_counter_ns() - t0)
@@ -61,7 +70,9 @@ def main() -> None:
     p.add_argument("--running", type=int, default=5, help="requests running on the ranks")
     p.add_argument("--arrivals", type=int, default=3000)
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--evict-mib", type=int, default=0, help="MiB written before each timed call")
     args = p.parse_args()
+    evict = np.zeros(args.evict_mib << 20, dtype=np.uint8) if args.evict_mib > 0 else None
     routers = [r for r in args.routers.split(",") if r]
     if args.arrivals <= DROP:
         p.error(f"--arrivals must be above {DROP}")
@@ -69,7 +80,7 @@ def main() -> None:
     runs: dict[str, list[tuple[float, float]]] = {r: [] for r in routers}
     for _ in range(args.runs):
         for r in routers:
-            runs[r].append(asyncio.run(one_run(r, args.running, args.arrivals)))
+            runs[r].append(asyncio.run(one_run(r, args.running, args.arrivals, evict)))
     out = {}
     for r, v in runs.items():
         out[r] = {
@@ -78,6 +89,7 @@ def main() -> None:
             "admit_us_runs": [round(a, 1) for a, _ in v],
         }
     print(json.dumps({"routers": out, "running": args.running, "arrivals": args.arrivals,
+                      "evict_mib": args.evict_mib,
                       "loadavg_before": load0, "loadavg_after": os.getloadavg()}, indent=1))  # fmt: skip
 
 

@@ -65,9 +65,9 @@ class IterationClock:
         return self.count
 
     def set_periods(self, periods: np.ndarray | list[float] | float) -> None:
-        """Every rank's period (NaN: unknown), and its rate."""
+        """Every rank's period (NaN: unknown)."""
         self.period[:] = periods
-        self.rate = np.fmax(1.0 / self.period, 0.0)  # 0 where NaN
+        self._step()
 
     def observe(self, rank: int, count_at_first: float, first_t: float, last_t: float,
                 tokens: int, now: float) -> None:  # fmt: skip
@@ -109,7 +109,7 @@ class IterationClock:
     def _step(self) -> None:
         """The rates and the group's step, the median of the known periods, after a period
         changed (at every finish)."""
-        self.set_periods(self.period)
+        self.rate = np.fmax(1.0 / self.period, 0.0)  # 0 where NaN
         known = self.period[~np.isnan(self.period)]
         self.step = small_median(known) if known.size else float("nan")
 

@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 
 from balanceroute.features.errors import UserError
-from balanceroute.features.stats import small_median
 from balanceroute.predict.base import CompletedBatch, CompletionEstimator, Fitting, RunningBatch
 from balanceroute.predict.incremental import CurveCache, conditioned_loads
 from balanceroute.predict.no_prediction import NoPrediction
@@ -33,6 +32,7 @@ from balanceroute.predict.projection import (
     extend_survival,
     request_paths,
 )
+from balanceroute.router.policies import fairness
 from balanceroute.router.policies.balance_config import (
     BR0_DEFAULTS,
     BRH_DEFAULTS,
@@ -47,12 +47,12 @@ from balanceroute.router.policies.kernels import (
     FALLBACK,
     STAGE1,
     STAGE2,
-    age_bonus,
     br_step,
     compile_kernels,
+    stage1_worker,
 )
 from balanceroute.router.policies.policy import Policy, RunContext
-from balanceroute.router.policies.scoring import discount_weights
+from balanceroute.router.policies.scoring import OutputMean, discount_weights
 from balanceroute.router.policies.state import Admissions, RouterState
 
 
@@ -83,22 +83,6 @@ def guard_applies(estimator: CompletionEstimator | None) -> bool:
 
 
 MAX_PENDING = 64  # completion batches held for the estimator at most (bounded memory)
-
-
-class OutputMean:
-    """Exponentially weighted mean of finished requests' output lengths (about 1,000 of them)."""
-
-    def __init__(self, weight: float = 1e-3) -> None:
-        self.weight = weight
-        self.mean = 0.0
-        self.seen = 0
-
-    def update(self, outputs: np.ndarray) -> float:
-        for x in np.asarray(outputs, dtype=np.float64).tolist():
-            self.seen += 1
-            w = max(self.weight, 1.0 / self.seen)
-            self.mean += w * (x - self.mean)
-        return self.mean
 
 
 class BalanceRoutePolicy(Policy):
@@ -392,13 +376,17 @@ class BalanceRoutePolicy(Policy):
             return Admissions.empty()
         cfg = self.config
         cand = state.pool.head(due + max(cfg.window, cfg.r_max))
+        if cand.shape[0] == 1 and self._scores_aside():
+            lone = self._lone(state, cand)
+            if lone is not None:
+                return lone
         prompts = state.requests.prompt_tokens[cand].astype(np.float64)
         loads = self.projected_loads(state, prompts)
-        overdue = self._overdue(state, cand)
-        self.bonus = self._age_bonus(state, cand, prompts)
-        idx, workers = self._step(loads, state, prompts, overdue, due, self.counters)
+        overdue = fairness.overdue(cfg, state.pool, cand)
+        bonus = fairness.age_priority(cfg, state.pool, cand, prompts, self.weights)
+        idx, workers = self._step(loads, state, prompts, overdue, bonus, due, self.counters)
         if self.guard is not None and self.guard.due(state.iteration):
-            self._keep_snapshot(state, prompts, overdue, due, prompts[idx], workers)
+            self._keep_snapshot(state, prompts, overdue, bonus, due, (prompts[idx], workers))
         positions = cand[idx]
         if cfg.horizon > 0 and self.cache is None and self.projection.k0 is not None:
             k = state.iteration
@@ -411,7 +399,33 @@ class BalanceRoutePolicy(Policy):
             self.worker_of.update(zip(positions.tolist(), workers.tolist(), strict=True))
         return Admissions(positions, workers)
 
-    def _step(self, loads, state, prompts, overdue, due, counters):
+    def _scores_aside(self) -> bool:
+        """Whether the step's scores use the current loads and nothing is kept of them: no
+        projection (``H = 0``) or the prediction-free one kept nowhere, no guard, no KV cap."""
+        cfg = self.config
+        if self.guard is not None or cfg.kv_capacity is not None:
+            return False
+        none = self.estimator is None or self.estimator.name == NoPrediction.name
+        return cfg.horizon == 0 or ((none or self.blend == 0.0) and self.projection.k0 is None)
+
+    def _lone(self, state: RouterState, cand: np.ndarray) -> Admissions | None:
+        """One waiting request, not overdue, in stage 1 (free slots above ``s_greedy``): stage
+        1's worker takes it whatever it scores, so no projection is built (the same decision and
+        counts as :meth:`_step`); None where the step must run."""
+        cfg = self.config
+        free = state.free_total if state.free_total >= 0 else int(state.free_slots.sum())
+        if free <= self.s_greedy or fairness.overdue(cfg, state.pool, cand)[0]:
+            return None
+        g = stage1_worker(state.free_slots, state.loads)
+        if g < 0:
+            return None
+        if cfg.horizon > 0:  # as the step's _refill: the one waiting prompt
+            refill = state.requests.prompt_tokens[cand[0]] if cfg.refill else None
+            self.refill_prompt = None if refill is None else float(refill)
+        self.counters[STAGE1] += 1
+        return Admissions(cand, np.array([g], dtype=np.int64))
+
+    def _step(self, loads, state, prompts, overdue, bonus, due, counters):
         """One compiled step on ``loads`` (updated in place): candidate indices and workers."""
         cfg = self.config
         return br_step(
@@ -419,7 +433,7 @@ class BalanceRoutePolicy(Policy):
             state.free_slots.copy(),
             prompts,
             overdue,
-            self.bonus,
+            bonus,
             self.weights,
             self.beta,
             cfg.penalty == "max",
@@ -431,14 +445,15 @@ class BalanceRoutePolicy(Policy):
             counters,
         )
 
-    def _keep_snapshot(self, state, prompts, overdue, due, chosen, workers) -> None:
+    def _keep_snapshot(self, state, prompts, overdue, bonus, due, decided) -> None:
         """The guard's snapshot: this step's decision and the one the other projection (the
         estimator's, or none) would have made, to be judged on what happens."""
         none, estimated = self.views
         with_estimator = self.guard.weight == 1.0
         other = (none if with_estimator else estimated).copy()
-        o_idx, o_workers = self._step(other, state, prompts, overdue, due, np.zeros(4, np.int64))
-        mine, theirs = (workers, chosen), (o_workers, prompts[o_idx])
+        counters = np.zeros(4, np.int64)
+        o_idx, o_workers = self._step(other, state, prompts, overdue, bonus, due, counters)
+        mine, theirs = (decided[1], decided[0]), (o_workers, prompts[o_idx])
         self.guard.record(
             state.iteration,
             none,
@@ -447,32 +462,6 @@ class BalanceRoutePolicy(Policy):
             without=theirs if with_estimator else mine,
             with_estimator=mine if with_estimator else theirs,
         )
-
-    def _overdue(self, state: RouterState, cand: np.ndarray) -> np.ndarray:
-        """The fairness cap: candidates overtaken too often or waiting too long."""
-        cfg, pool = self.config, state.pool
-        out = np.zeros(cand.shape[0], dtype=np.bool_)
-        if cfg.max_overtake is not None:
-            out |= pool.overtaken(cand) >= cfg.max_overtake
-        if cfg.max_wait_iters is not None:
-            out |= pool.waited_iterations(cand) >= cfg.max_wait_iters
-        if cfg.max_wait_s is not None:
-            out |= pool.waited_seconds(cand) >= cfg.max_wait_s
-        return out
-
-    def _age_bonus(self, state: RouterState, cand: np.ndarray, prompts: np.ndarray) -> np.ndarray:
-        """The age priority: a candidate's score bonus, one typical waiting prompt (scored as
-        filling a margin) per ``age_priority`` later admissions that passed it, counted with
-        ``age_late`` only once first-come first-served would have admitted it (passes minus
-        the older requests still waiting: the candidates are the pool's head, in order). The
-        pool's smallest prompts are the ones passed (a larger prompt that fits fills a margin
-        better), and they cost the least to admit early (docs/design.md, "The queueing
-        tail")."""
-        cfg = self.config
-        if cfg.age_priority is None or cand.shape[0] == 0:
-            return np.zeros(cand.shape[0])
-        typical = small_median(prompts) * float(self.weights.sum())
-        return age_bonus(state.pool.overtaken(cand), typical / cfg.age_priority, cfg.age_late)
 
 
 class BR0Policy(BalanceRoutePolicy):

@@ -87,6 +87,19 @@ def _window(used, start, size, out):
 
 
 @njit(cache=True, nogil=True)
+def stage1_worker(free, loads):
+    """Stage 1's worker (:func:`br_step`): the most free slots, then the smallest load, then
+    the lowest index; -1 when no slot is free. ``loads``: the current ones (``(G,)``)."""
+    g = -1
+    for w in range(free.shape[0]):
+        if free[w] == 0:
+            continue
+        if g < 0 or free[w] > free[g] or (free[w] == free[g] and loads[w] < loads[g]):
+            g = w
+    return g
+
+
+@njit(cache=True, nogil=True)
 def br_step(
     loads,
     free,

@@ -40,3 +40,19 @@ def horizon_score(
     total = weights.sum()
     pen = over @ weights if penalty == "sum" else over.max(axis=1) * total
     return total * b - beta * pen
+
+
+class OutputMean:
+    """Exponentially weighted mean of finished requests' output lengths (about 1,000 of them)."""
+
+    def __init__(self, weight: float = 1e-3) -> None:
+        self.weight = weight
+        self.mean = 0.0
+        self.seen = 0
+
+    def update(self, outputs: np.ndarray) -> float:
+        for x in np.asarray(outputs, dtype=np.float64).tolist():
+            self.seen += 1
+            w = max(self.weight, 1.0 / self.seen)
+            self.mean += w * (x - self.mean)
+        return self.mean

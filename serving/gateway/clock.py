@@ -25,6 +25,7 @@ import logging
 from collections.abc import Callable
 
 import numpy as np
+from numba import njit
 
 from balanceroute.features.stats import small_median
 from balanceroute.serving.gateway.health import Fetch
@@ -123,16 +124,33 @@ class IterationClock:
              now: float) -> np.ndarray:  # fmt: skip
         """Ages of requests running on ``ranks`` with first tokens at ``first_t`` (NaN: none
         yet, age 0) and the ranks' counts then (NaN: the clock did not run yet, so the age is
-        the time since over the period). Where every count is known, the same in a third of
-        the array operations (a lone arrival's decision reads them)."""
-        by_count = self.counts(now)[ranks] - count_at_first
-        if not np.isnan(by_count).any():  # truncating is flooring here, once clipped at 0
-            return np.maximum(by_count.astype(np.int64), 0) + 1
-        period = self.period[ranks]
-        by_time = np.where(np.isnan(period), 0.0, (now - first_t) / period)
-        grown = np.where(np.isnan(count_at_first), by_time, by_count)  # NaN: no first token yet
-        age = np.where(np.isnan(first_t), 0.0, 1.0 + np.floor(np.maximum(grown, 0.0)))
-        return age.astype(np.int64)
+        the time since over the period)."""
+        ages = np.zeros(ranks.shape[0], dtype=np.int64)
+        prompts = np.zeros(ranks.shape[0], dtype=np.int64)
+        aged_loads(ranks, prompts, count_at_first, first_t, self.counts(now), self.period, now,
+                   ages, np.zeros(self.count.shape[0]))  # fmt: skip
+        return ages
+
+
+@njit(cache=True, nogil=True)
+def aged_loads(rank, prompt, count_at_first, first_t, counts, period, now, age, loads):
+    """For every position with a rank (``rank >= 0``): its age at ``now`` into ``age`` (1 plus
+    the whole steps its rank counted since its first token, :meth:`IterationClock.ages`) and
+    its prompt plus age added to its rank's ``loads``; one pass, no array built (a lone
+    arrival's decision reads the loads)."""
+    for p in range(rank.shape[0]):
+        g = rank[p]
+        if g < 0:
+            continue
+        if not np.isnan(count_at_first[p]):
+            a = max(int(counts[g] - count_at_first[p]), 0) + 1
+        elif np.isnan(first_t[p]):
+            a = 0
+        else:
+            grown = 0.0 if np.isnan(period[g]) else (now - first_t[p]) / period[g]
+            a = 1 + int(np.floor(max(grown, 0.0)))
+        age[p] = a
+        loads[g] += prompt[p] + a
 
 
 class StepPhase:
@@ -213,6 +231,7 @@ class ClockedGroup(LiveGroup):
         self.clock = IterationClock(self.ranks, clock_fn())
         self.phase = StepPhase()
         self.phase.on_early = self._on_early
+        self.loads()  # the kernel loaded (or compiled) now, not at the first decision
 
     def arrive(self, prompt_tokens: int, prompt_key: int, now: float) -> int | None:
         """As :meth:`LiveGroup.arrive`, its wait counted from the clocks' step count now (no
@@ -259,13 +278,11 @@ class ClockedGroup(LiveGroup):
     def loads(self, now: float | None = None) -> np.ndarray:
         """KV tokens per rank, every running request aged by its rank's clock at ``now`` (None:
         now; its age kept)."""
-        pos = self.running_positions()
-        ranks = self.rank[pos]
-        ages = self.clock.ages(ranks, self.first_count[pos], self.first_t[pos],
-                               self.clock_fn() if now is None else now)  # fmt: skip
-        self.age[pos] = ages
-        work = self.table.prompt_tokens[pos] + ages
-        return np.bincount(ranks, weights=work, minlength=self.ranks)
+        now = self.clock_fn() if now is None else now
+        loads = np.zeros(self.ranks)
+        aged_loads(self.rank, self.table.prompt_tokens, self.first_count, self.first_t,
+                   self.clock.counts(now), self.clock.period, now, self.age, loads)  # fmt: skip
+        return loads
 
     def pulse(self, now: float) -> int:
         """The group's step count: the most advanced known rank clock's (one whose period is

@@ -18,6 +18,7 @@ take of them.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import (
@@ -99,7 +100,6 @@ class _Common(BaseModel):
     include_stop_str_in_output: bool = False
     request_id: str | None = None
     priority: int = 0
-
 
     def _as_vllm(self, max_tokens: int | None) -> None:
         """What vLLM 0.32 refuses with a 400 although each field is well typed."""
@@ -246,3 +246,70 @@ class ChatBody(_PassCommon):
 
     messages: list[PassChatMessage] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
+
+
+@dataclass(frozen=True, slots=True)
+class BodyView:
+    """What the gateway reads of a checked body: streaming, the usage asked for, and a
+    completion's one prompt (None for chat)."""
+
+    stream: bool
+    usage: bool
+    continuous: bool
+    prompt: str | list[int] | None
+
+    @classmethod
+    def of(cls, body: CompletionBody | ChatBody) -> BodyView:
+        """The view of a body the model accepted."""
+        options = body.stream_options
+        prompt = body.single_prompt() if isinstance(body, CompletionBody) else None
+        usage = bool(options and options.include_usage)
+        return cls(body.stream, usage, bool(options and options.continuous_usage_stats), prompt)
+
+
+def _plain_int(value: Any, least: int) -> bool:
+    return value is None or (type(value) is int and value >= least)
+
+
+def plain_view(data: dict[str, Any], chat: bool) -> BodyView | None:
+    """The view of a body whose checked fields all have plain types and values, each as the
+    model requires (so the model accepts it, in a fraction of its time); None where the model
+    must decide (its 400 names what is wrong)."""
+    get = data.get
+    stream, options = get("stream", False), get("stream_options")
+    if type(stream) is not bool or not (get("model") is None or type(get("model")) is str):
+        return None
+    if get("n", 1) != 1 or type(get("n", 1)) is not int or not _plain_int(get("max_tokens"), 1):
+        return None
+    usage = continuous = False
+    if options is not None:
+        if type(options) is not dict or not stream:
+            return None
+        usage, continuous = (
+            options.get("include_usage", False),
+            options.get("continuous_usage_stats", False),
+        )
+        if type(usage) is not bool or type(continuous) is not bool:
+            return None
+    if chat:
+        messages = get("messages")
+        if (
+            type(messages) is not list
+            or not messages
+            or not _plain_int(get("max_completion_tokens"), 1)
+        ):
+            return None
+        for m in messages:
+            content = m.get("content") if type(m) is dict else 0
+            if type(m) is not dict or type(m.get("role")) is not str or not (
+                content is None or type(content) is str
+                or (type(content) is list and all(type(c) is dict for c in content))
+            ):  # fmt: skip
+                return None
+        return BodyView(stream, usage, continuous, None)
+    prompt = get("prompt")
+    if type(prompt) is str and prompt:
+        return BodyView(stream, usage, continuous, prompt)
+    if type(prompt) is list and prompt and all(type(t) is int for t in prompt):
+        return BodyView(stream, usage, continuous, prompt)
+    return None

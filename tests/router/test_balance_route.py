@@ -215,6 +215,43 @@ def test_kernel_matches_the_python_reference(
         assert len(want) == due
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    data=st.data(),
+    workers=st.integers(1, 8),
+    policy=st.sampled_from(["br0", "brh0", "brh"]),
+    s_greedy=st.integers(0, 12) | st.none(),
+    refill=st.booleans(),
+    passed=st.integers(0, 6),
+    prompt=st.integers(1, 4000),
+)
+def test_a_lone_request_is_decided_as_the_step_decides_it(
+    data, workers, policy, s_greedy, refill, passed, prompt
+):
+    """One waiting request: the stage-1 shortcut (no projection built) admits it where the
+    compiled step does, with the same counts and refill prompt, and is taken whenever stage 1
+    would run (free slots above ``s_greedy``, the request not overdue)."""
+    free = data.draw(st.lists(st.integers(0, 3), min_size=workers, max_size=workers))
+    loads = data.draw(st.lists(st.integers(0, 3).map(lambda x: 1000 * x), min_size=workers,
+                               max_size=workers))  # fmt: skip
+    opts = {"s_greedy": s_greedy, "refill": refill, "max_overtake": 4}
+    make = {"br0": lambda: BR0Policy(**opts), "brh0": lambda: BRHPolicy(horizon=0, **opts),
+            "brh": lambda: BRHPolicy(**opts)}[policy]  # fmt: skip
+    fast, step = make(), make()
+    step._scores_aside = lambda: False  # always the compiled step
+    taken = []
+    lone = fast._lone
+    fast._lone = lambda state, cand: taken.append(lone(state, cand)) or taken[-1]
+    got = []
+    for p in (fast, step):
+        state, table = make_state(loads, free, [prompt], overtaken=[passed])
+        got.append((decide(p, state, table), p.counters.tolist(), p.refill_prompt))
+    assert got[0] == got[1]
+    stage1 = sum(free) > (workers if s_greedy is None else s_greedy) and passed < 4
+    assert taken == [] or (taken[0] is not None) == stage1
+    assert (taken != []) == (sum(free) > 0)  # the shortcut is tried for every lone request
+
+
 def test_brh_with_none_at_horizon_zero_is_br0():
     rng = np.random.default_rng(5)
     rq = released(rng.integers(1, 4000, 300), rng.integers(1, 60, 300))

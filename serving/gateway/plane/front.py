@@ -49,7 +49,7 @@ from balanceroute.serving.gateway.plane.request import PlaneContext
 from balanceroute.serving.gateway.upstream import RankPool
 from balanceroute.serving.http.deadline import HEAD_LIMIT, HEAD_TOO_LARGE, REQUEST_TIMEOUT, linger
 from balanceroute.serving.http.origin_check import OriginCheck
-from balanceroute.serving.openai.requests import ChatBody, CompletionBody
+from balanceroute.serving.openai.requests import BodyView, ChatBody, CompletionBody, plain_view
 from balanceroute.serving.openai.responses import error_body
 
 log = logging.getLogger("balanceroute.gateway")
@@ -68,8 +68,9 @@ class BadBody(Exception):
         self.body = body
 
 
-def check_body(raw: bytes, model: type[BaseModel]) -> tuple[dict[str, Any], Any]:
-    """The posted JSON object and its checked view; :class:`BadBody` naming each bad field."""
+def check_body(raw: bytes, model: type[BaseModel]) -> tuple[dict[str, Any], BodyView]:
+    """The posted JSON object and what the gateway reads of it (a plain body without the model:
+    :func:`plain_view`); :class:`BadBody` naming each bad field."""
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -78,8 +79,9 @@ def check_body(raw: bytes, model: type[BaseModel]) -> tuple[dict[str, Any], Any]
         if not isinstance(data, dict):
             problems = [{"loc": ("body",), "msg": "the body must be a JSON object"}]
         else:
+            view = plain_view(data, model is ChatBody)
             try:
-                return data, model.model_validate(data)
+                return data, view or BodyView.of(model.model_validate(data))
             except ValidationError as exc:
                 problems = [{**e, "loc": ("body", *e.get("loc", ()))} for e in exc.errors()]
     param = ".".join(str(p) for p in problems[0]["loc"] if p != "body") or None
@@ -326,7 +328,7 @@ class Connection(asyncio.Protocol):
         except BadBody as bad:
             self._json(400, bad.body)
             return
-        prompt = chat_text(data["messages"]) if chat else checked.single_prompt()
+        prompt = chat_text(data["messages"]) if chat else checked.prompt
         self._queue(path.decode(), headers, data, prompt, checked, chat, body)
 
     def _authorized(self, headers: Headers) -> bool:
@@ -337,7 +339,7 @@ class Connection(asyncio.Protocol):
         return scheme.lower() == b"bearer" and hmac.compare_digest(value, token.encode())
 
     def _queue(self, path: str, headers: Headers, data: dict[str, Any], prompt: Any,
-               checked: Any, chat: bool, raw: bytes) -> None:  # fmt: skip
+               checked: BodyView, chat: bool, raw: bytes) -> None:  # fmt: skip
         """Count the prompt, ask the decider for a rank, and hand the request to an exchange."""
         front, ctx = self.front, self.front.ctx
         if ctx.drain.draining or ctx.decider.lost:
@@ -354,12 +356,10 @@ class Connection(asyncio.Protocol):
             return
         request_id = given.decode("latin-1") if given else f"{front.id_prefix}{next(front.ids):08x}"
         now = ctx.clock()
-        rid, admitted = ctx.decider.admit(tokens, key_hash, key, request_id, bool(checked.stream))
-        options = checked.stream_options
+        rid, admitted = ctx.decider.admit(tokens, key_hash, key, request_id, checked.stream)
         req = LiveRequest(
             request_id=request_id, path=path, chat=chat, body=data, stream=checked.stream,
-            usage=bool(options and options.include_usage),
-            continuous=bool(options and options.continuous_usage_stats), prompt_tokens=tokens,
+            usage=checked.usage, continuous=checked.continuous, prompt_tokens=tokens,
             prompt_key=key, arrival=now, arrival_epoch=0.0, position=-1, admitted=admitted, raw=raw,
         )  # fmt: skip
         ex = Exchange(ctx, front.pool, self, req, rid)

@@ -130,6 +130,40 @@ def test_the_step_phase_is_unknown_until_seen_and_goes_stale():
     assert p.next_after(1.12 + 0.04 * 20) is None
 
 
+@settings(max_examples=80, deadline=None)
+@given(
+    periods=st.lists(st.one_of(st.none(), st.floats(0.01, 0.1)), min_size=1, max_size=4),
+    rows=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 5000), st.sampled_from(
+        ["waiting", "started", "counted", "timed", "left"]), st.floats(0.0, 5.0)), max_size=12),
+    now=st.floats(5.0, 10.0),
+)  # fmt: skip
+def test_the_loads_are_the_running_prompts_plus_their_ages(periods, rows, now):
+    """Every running request counts its prompt plus its age (the clock's, as
+    :meth:`IterationClock.ages` gives it) on its rank; waiting and departed ones count nothing,
+    and each running request's age is kept."""
+    group = ClockedGroup.sized(len(periods), 8, 16)
+    group.attach(lambda: 0.0)
+    group.clock.set_periods([np.nan if x is None else x for x in periods])
+    expected, ages = np.zeros(len(periods)), {}
+    for r, prompt, kind, t in rows:
+        g, p = r % len(periods), group.arrive(prompt, 0, 0.0)
+        if kind == "waiting":
+            continue
+        group.start(p, g)
+        if kind == "left":
+            group.leave(p, 1, learn=False)
+            continue
+        if kind == "counted":
+            group.first_token(p, t)  # the count at t where the period is known
+        elif kind == "timed":
+            group.first_t[p] = t  # a first token heard before its rank's period was known
+        age = group.clock.ages(np.array([g]), group.first_count[[p]], group.first_t[[p]], now)
+        ages[p] = int(age[0])
+        expected[g] += prompt + ages[p]
+    assert group.loads(now).tolist() == expected.tolist()
+    assert {p: int(group.age[p]) for p in ages} == ages
+
+
 def test_the_group_ages_running_requests_and_frees_them_once():
     """The clocked group: no age before a first token, age 1 at it, the clock's age after,
     the exact count at the finish; loads follow."""

@@ -13,14 +13,12 @@ from balanceroute.router.policies.state import Pool
 
 def overdue(cfg: BalanceRouteConfig, pool: Pool, cand: np.ndarray) -> np.ndarray:
     """The fairness cap: candidates overtaken too often or waiting too long."""
-    out = np.zeros(cand.shape[0], dtype=np.bool_)
-    if cfg.max_overtake is not None:
-        out |= pool.overtaken(cand) >= cfg.max_overtake
-    if cfg.max_wait_iters is not None:
-        out |= pool.waited_iterations(cand) >= cfg.max_wait_iters
-    if cfg.max_wait_s is not None:
-        out |= pool.waited_seconds(cand) >= cfg.max_wait_s
-    return out
+    caps = ((cfg.max_overtake, pool.overtaken), (cfg.max_wait_iters, pool.waited_iterations),
+            (cfg.max_wait_s, pool.waited_seconds))  # fmt: skip
+    hits = [read(cand) >= cap for cap, read in caps if cap is not None]
+    if not hits:
+        return np.zeros(cand.shape[0], dtype=np.bool_)
+    return hits[0] if len(hits) == 1 else np.logical_or.reduce(hits)
 
 
 def age_priority(cfg: BalanceRouteConfig, pool: Pool, cand: np.ndarray, prompts: np.ndarray,

@@ -232,7 +232,10 @@ class LiveGroup:
         return free
 
     def has_free_slot(self) -> bool:
-        """Whether any rank in rotation has a free slot."""
+        """Whether any rank in rotation has a free slot (all in rotation: fewer requests run
+        than the group has slots, as no rank runs more than its slots)."""
+        if not self.out_of_rotation:
+            return self.running_total < self.ranks * self.slots
         return bool(((self.inflight < self.slots) & self.healthy).any())
 
     def running(self) -> RunningRequests:

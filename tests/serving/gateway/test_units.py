@@ -102,6 +102,7 @@ def test_positions_are_never_shared_and_reused_only_after_on_complete(ops) -> No
         assert group.out_of_rotation == int((~group.healthy).sum())
         free = np.where(group.healthy, np.maximum(group.slots - group.inflight, 0), 0)
         assert group.free_slots().tolist() == free.tolist()
+        assert group.has_free_slot() == bool(free.any())
         assert group.snapshot(0.0).admissions_due == min(group.pool.size, int(free.sum()))
 
 

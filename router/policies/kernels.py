@@ -87,16 +87,22 @@ def _window(used, start, size, out):
 
 
 @njit(cache=True, nogil=True)
-def stage1_worker(free, loads):
-    """Stage 1's worker (:func:`br_step`): the most free slots, then the smallest load, then
-    the lowest index; -1 when no slot is free. ``loads``: the current ones (``(G,)``)."""
+def _most_free(free, blocked, loads):
+    """Stage 1's worker: the most free slots, then the smallest current load (``loads``
+    ``(G,)``), then the lowest index, among the workers not ``blocked``; -1 when none is free."""
     g = -1
     for w in range(free.shape[0]):
-        if free[w] == 0:
+        if free[w] == 0 or blocked[w]:
             continue
         if g < 0 or free[w] > free[g] or (free[w] == free[g] and loads[w] < loads[g]):
             g = w
     return g
+
+
+@njit(cache=True, nogil=True)
+def stage1_worker(free, loads):
+    """The worker :func:`br_step`'s stage 1 takes first (nothing blocked yet)."""
+    return _most_free(free, np.zeros(free.shape[0], dtype=np.bool_), loads)
 
 
 @njit(cache=True, nogil=True)
@@ -172,12 +178,7 @@ def br_step(
 
     # stage 1: the worker with the most free slots takes the best single request of the window
     while done < due and total_free > s_greedy:
-        g = -1
-        for w in range(g_count):
-            if free[w] == 0 or blocked[w]:
-                continue
-            if g < 0 or free[w] > free[g] or (free[w] == free[g] and loads[w, 0] < loads[g, 0]):
-                g = w
+        g = _most_free(free, blocked, loads[:, 0])
         if g < 0:
             break
         while first < n and used[first]:

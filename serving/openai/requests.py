@@ -271,41 +271,39 @@ def _plain_int(value: Any, least: int) -> bool:
     return value is None or (type(value) is int and value >= least)
 
 
+def _plain_message(m: Any) -> bool:
+    """A chat message the model accepts as it is: a text role, and text, parts or no content."""
+    if type(m) is not dict or type(m.get("role")) is not str:
+        return False
+    content = m.get("content")
+    if content is None or type(content) is str:
+        return True
+    return type(content) is list and all(type(c) is dict for c in content)
+
+
 def plain_view(data: dict[str, Any], chat: bool) -> BodyView | None:
     """The view of a body whose checked fields all have plain types and values, each as the
     model requires (so the model accepts it, in a fraction of its time); None where the model
     must decide (its 400 names what is wrong)."""
     get = data.get
-    stream, options = get("stream", False), get("stream_options")
+    stream, options, n = get("stream", False), get("stream_options"), get("n", 1)
     if type(stream) is not bool or not (get("model") is None or type(get("model")) is str):
         return None
-    if get("n", 1) != 1 or type(get("n", 1)) is not int or not _plain_int(get("max_tokens"), 1):
+    if type(n) is not int or n != 1 or not _plain_int(get("max_tokens"), 1):
         return None
     usage = continuous = False
     if options is not None:
         if type(options) is not dict or not stream:
             return None
-        usage, continuous = (
-            options.get("include_usage", False),
-            options.get("continuous_usage_stats", False),
-        )
+        usage = options.get("include_usage", False)
+        continuous = options.get("continuous_usage_stats", False)
         if type(usage) is not bool or type(continuous) is not bool:
             return None
     if chat:
         messages = get("messages")
-        if (
-            type(messages) is not list
-            or not messages
-            or not _plain_int(get("max_completion_tokens"), 1)
-        ):
+        plain = type(messages) is list and messages and all(map(_plain_message, messages))
+        if not plain or not _plain_int(get("max_completion_tokens"), 1):
             return None
-        for m in messages:
-            content = m.get("content") if type(m) is dict else 0
-            if type(m) is not dict or type(m.get("role")) is not str or not (
-                content is None or type(content) is str
-                or (type(content) is list and all(type(c) is dict for c in content))
-            ):  # fmt: skip
-                return None
         return BodyView(stream, usage, continuous, None)
     prompt = get("prompt")
     if type(prompt) is str and prompt:

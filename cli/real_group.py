@@ -24,6 +24,7 @@ from balanceroute.router.lab.simulator import SimResult
 from balanceroute.router.policies.specs import RouterSpec
 from balanceroute.serving.testbed.realgroup.ab import (
     DEFAULT_ARMS,
+    FULL_SHARE,
     IDLE_S,
     GroupSpec,
     RealAb,
@@ -31,6 +32,7 @@ from balanceroute.serving.testbed.realgroup.ab import (
     engine_info,
     engine_ready,
     group_lockstep,
+    occupancy,
     run_study,
     summarize,
 )
@@ -58,7 +60,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--arms", default=",".join(DEFAULT_ARMS),
                    help="router specs, the reference first (default %(default)s)")  # fmt: skip
     p.add_argument("--repeats", type=positive_int, default=5, help="paired repeats (5)")
-    p.add_argument("--requests", type=positive_int, default=32, help="requests per repeat (32)")
+    p.add_argument("--requests", type=positive_int, default=96,
+                   help="requests per repeat (96: at G = 2, B = 8 the pool holds requests for "
+                   "most of a run)")  # fmt: skip
     p.add_argument("--skip", type=int, default=2000,
                    help="trace requests before the first slice, the learned arm's training "
                    "history (2000)")  # fmt: skip
@@ -67,8 +71,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "for no learned arm (gbdt)")  # fmt: skip
     p.add_argument("--prompt-scale", type=positive_float, default=0.25,
                    help="prompt lengths x this (0.25)")  # fmt: skip
-    p.add_argument("--output-scale", type=positive_float, default=0.5,
-                   help="output lengths x this (0.5: a repeat's runs in about 20 s each on CPU)")  # fmt: skip
+    p.add_argument("--output-scale", type=positive_float, default=0.25,
+                   help="output lengths x this (0.25: a run takes about 25 s on a 2-core CPU)")  # fmt: skip
     p.add_argument("--max-model-len", type=positive_int, default=8192, help="engine context")
     p.add_argument("--model", help="model name (default: the first /v1/models lists)")
     p.add_argument("--gateway-flag", action="append", default=[], dest="gateway_flags",
@@ -162,17 +166,28 @@ def run(args: argparse.Namespace) -> int:
         study = RealAb(group=group, slices=tuple(slices), out=args.out, arms=arms,
                        seed=args.seed, gateway_flags=tuple(args.gateway_flags))  # fmt: skip
         records = run_study(study, progress=lambda line: print(line, file=sys.stderr, flush=True))
+        # kept before measuring: a step log not yet flushed (an emulator's) leaves the runs to
+        # --remeasure
+        (args.out / "records.json").write_text(json.dumps(records, indent=1))
     attach_engine(records, read_steps(args.step_log), IDLE_S)
     (args.out / "records.json").write_text(json.dumps(records, indent=1))
     table = summarize(records, arms)
     cost = sim_cost(args.sim_cost, args.step_log, args.out)
     sim = summarize(simulated(slices, arms, args.ranks, args.slots, cost), arms, client=False)
     check = group_lockstep(args.step_log)
+    held = occupancy(records, args.ranks * args.slots)
+    if held["min"] < FULL_SHARE:
+        print(f"real-group: a run's ranks held {held['min']:.0%} of the {args.ranks} x "
+              f"{args.slots} slots while requests waited (mean {held['mean']:.0%}): the "
+              "gateway heard finishes late, so the ratios measure that lag as much as the "
+              "routers; on a small machine start the engine at a lower CPU priority than the "
+              "gateway and the client (scripts/real_group.sh: REAL_GROUP_NICE)",
+              file=sys.stderr)  # fmt: skip
     detail = {"reference": arms[0], "ratios": table, "simulated": sim,
-              "simulated_cost": cost.as_dict(), "lockstep": check}  # fmt: skip
+              "simulated_cost": cost.as_dict(), "lockstep": check, "occupancy": held}  # fmt: skip
     (args.out / "summary.json").write_text(json.dumps(detail, indent=1))
     info = engine_info(args.engine, args.ranks, args.slots)
-    print(json.dumps(headline(info, table, sim, check["holds"])))
+    print(json.dumps(headline(info, table, sim, check["holds"], held)))
     return 0
 
 
@@ -192,9 +207,11 @@ def _interval(ratio: dict | None) -> dict | None:
     return {"mean": ratio["ratio"], "low": ratio["low"], "high": ratio["high"]}
 
 
-def headline(engine: dict, table: dict, sim: dict, holds: bool) -> dict:
+def headline(engine: dict, table: dict, sim: dict, holds: bool,
+             held: dict[str, float] | None = None) -> dict:  # fmt: skip
     """The one-line result: each arm's engine ratios to the reference while the pool held
-    requests (the paper's figures), over the whole run, the client's, and the simulator's."""
+    requests (the paper's figures), over the whole run, the client's, and the simulator's;
+    the share of the slots the ranks held meanwhile (:func:`occupancy`)."""
     arms = {}
     for arm, row in table.items():
         simulated = sim[arm]
@@ -207,4 +224,4 @@ def headline(engine: dict, table: dict, sim: dict, holds: bool) -> dict:
             "emulated_imbalance_ratio": (simulated["engine.saturated_imbalance_tokens"] or {}).get("ratio"),
             "emulated_throughput_ratio": (simulated["engine.saturated_throughput_tok_s"] or {}).get("ratio"),
         }  # fmt: skip
-    return {"engine": engine, "arms": arms, "lockstep": bool(holds)}
+    return {"engine": engine, "arms": arms, "lockstep": bool(holds), "occupancy": held}

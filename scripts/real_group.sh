@@ -47,9 +47,12 @@ fi
 LOG="$OUT/engine.log"
 if [ -z "${REAL_GROUP_MODEL:-}" ]; then
     # one CPU per engine core; with the uni executor the model runs in one worker per engine core
-    # (the step log times the whole pass: the collectives are inside it, comm_s stays 0)
+    # (the step log times the whole pass: the collectives are inside it, comm_s stays 0).
+    # The engine's session at nice 10 (start_rank.sh): at nice 0 its spinning ranks stalled the
+    # gateway and the client for up to 7 s at a time, the gateway heard finishes late and the
+    # group held 9-12 of its 16 slots while requests waited (docs/results.md, "A real lockstep group")
     BALANCEROUTE_STEP_LOG="$OUT/steps" OMP_BIND="${REAL_GROUP_OMP_BIND:-0|1}" \
-        CONFORMANCE_RANK_NICE="${REAL_GROUP_NICE:-0}" \
+        CONFORMANCE_RANK_NICE="${REAL_GROUP_NICE:-10}" \
         scripts/conformance/start_rank.sh "$VENV" "$MODEL" "$PORT" "$LOG" \
         --data-parallel-size "$G" --no-enable-prefix-caching --max-num-seqs "$B" \
         --max-model-len "$LEN" --distributed-executor-backend uni ${REAL_GROUP_FLAGS:-} > "$OUT/engine.pid"

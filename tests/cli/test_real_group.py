@@ -14,6 +14,7 @@ from balanceroute.router.lab.prefill import PrefillConfig
 from balanceroute.router.lab.replay_spec import ReplaySpec
 from balanceroute.router.lab.runner import replay
 from balanceroute.router.policies.specs import RouterSpec
+from balanceroute.serving.testbed.realgroup.ab import FULL_SHARE, occupancy
 
 
 def test_the_saturated_window_counts_the_tokens_made_up_to_the_last_admission(tmp_path: Path):
@@ -45,3 +46,13 @@ def test_the_headline_reports_saturated_whole_run_client_and_simulated_ratios():
     assert arm["imbalance_ratio"] == {"mean": 0.7, "low": 0.6, "high": 0.8}
     assert arm["client_throughput_ratio"] is None
     assert arm["emulated_imbalance_ratio"] == 0.9 and line["lockstep"] is True
+
+
+def test_occupancy_is_the_share_of_the_slots_held_while_requests_waited():
+    records = [{"engine": {"saturated_running": 15.0}}, {"engine": {"saturated_running": 9.6}},
+               {"engine": {"saturated_running": float("nan")}}]  # fmt: skip
+    held = occupancy(records, 16)
+    assert held["min"] == pytest.approx(0.6) and held["mean"] == pytest.approx((15 + 9.6) / 32)
+    assert held["min"] < FULL_SHARE <= occupancy(records[:1], 16)["min"]
+    line = headline({"ranks": 2}, {}, {}, holds=True, held=held)
+    assert line["occupancy"] == held

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ ENGINE_KEYS = ("saturated_imbalance_tokens", "saturated_throughput_tok_s", "imba
 SIM_KEYS = ("saturated_imbalance_tokens", "saturated_throughput_tok_s", "imbalance_tokens",
             "throughput_tok_s")  # fmt: skip
 IDLE_S = 1.0  # the engine counts as idle after this long without a step
+FULL_SHARE = 0.9  # below this share of its slots held while requests wait, a run is underfilled
 CLIENT_KEYS = ("output_throughput", "mean_ttft_ms", "median_tpot_ms")
 
 
@@ -159,6 +161,17 @@ def summarize(records: list[dict], arms: tuple[str, ...], client: bool = True) -
                 row[f"{part}.{key}"] = None if ratio is None else ratio.as_dict()
         table[arm] = row
     return table
+
+
+def occupancy(records: list[dict], slots_total: int) -> dict[str, float]:
+    """The share of the group's ``G B`` slots its ranks held while requests waited at the
+    gateway: the lowest run's and the mean. Well below 1, the gateway heard finishes late (a
+    front end starved of CPU, a slow network) and the run measured the lag, not the router."""
+    shares = [float(r["engine"]["saturated_running"]) / slots_total for r in records
+              if np.isfinite(r["engine"].get("saturated_running", np.nan))]  # fmt: skip
+    if not shares:
+        return {"min": math.nan, "mean": math.nan}
+    return {"min": min(shares), "mean": float(np.mean(shares))}
 
 
 def group_lockstep(step_log: Path) -> dict[str, Any]:

@@ -52,11 +52,12 @@ def read_rank_logs(folder: Path) -> dict[int, pd.DataFrame]:
 
 def emulator_passes(folder: Path) -> list[pd.DataFrame]:
     """The emulator's iteration log as the plugin's passes, one frame per rank (a rank with
-    nothing running takes a dummy pass; the tokens all count on rank 0), so the same figures
-    measure the emulator and the engine."""
+    nothing running takes a dummy pass; the tokens all count on rank 0; prompt tokens computed
+    where the log has them), so the same figures measure the emulator and the engine."""
     iterations, _ = read_log(folder)
     epoch = float(json.loads((Path(folder) / "config.json").read_text())["epoch"])
     loads, running = rank_matrix(iterations, "loads"), rank_matrix(iterations, "running")
+    prefill, waiting = rank_matrix(iterations, "prefill"), rank_matrix(iterations, "waiting")
     frames = []
     for g in range(loads.shape[1]):
         frames.append(pd.DataFrame({
@@ -64,8 +65,8 @@ def emulator_passes(folder: Path) -> list[pd.DataFrame]:
             "kind": np.where(running[:, g] > 0, "real", "dummy"),
             "start_s": iterations["start_s"].to_numpy(float) + epoch,
             "end_s": iterations["end_s"].to_numpy(float) + epoch,
-            "scheduled_tokens": running[:, g], "prefill_tokens": 0,
-            "decode_requests": running[:, g], "running": running[:, g], "waiting": 0,
+            "scheduled_tokens": running[:, g], "prefill_tokens": prefill[:, g],
+            "decode_requests": running[:, g], "running": running[:, g], "waiting": waiting[:, g],
             "kv_tokens": loads[:, g],
             "new_tokens": iterations["emitted"].to_numpy() if g == 0 else 0,
             "comm_s": np.nan}))  # fmt: skip
@@ -145,13 +146,15 @@ class RunFigures:
     saturated_imbalance_tokens: float
     saturated_step_s: float
     saturated_throughput_tok_s: float
+    saturated_running: float  # mean requests the ranks held per saturated step, all ranks
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
 def _per_step(window: pd.DataFrame) -> pd.DataFrame:
-    """One row per step: duration, imbalance, mean load, tokens, dummy ranks, prefill tokens."""
+    """One row per step: duration, imbalance, mean load, tokens, dummy ranks, prefill tokens,
+    requests held."""
     kv = window.pivot(index="step", columns="rank", values="kv_tokens").fillna(0.0)
     by = window.groupby("step")
     return pd.DataFrame({
@@ -161,6 +164,7 @@ def _per_step(window: pd.DataFrame) -> pd.DataFrame:
         "tokens": by["new_tokens"].sum(),
         "dummy": (window["kind"] == "dummy").groupby(window["step"]).sum(),
         "prefill": by["prefill_tokens"].max(),
+        "running": by["running"].sum(),
     })  # fmt: skip
 
 
@@ -195,4 +199,5 @@ def measure(steps: pd.DataFrame, start: float, end: float) -> RunFigures:
         saturated_imbalance_tokens=float(full["imbalance"].mean()) if len(full) else math.nan,
         saturated_step_s=full_s / len(full) if len(full) else math.nan,
         saturated_throughput_tok_s=float(full["tokens"].sum()) / full_s if full_s else math.nan,
+        saturated_running=float(full["running"].mean()) if len(full) else math.nan,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -99,11 +100,12 @@ def test_slices_scale_prompts_and_outputs_into_the_context(tmp_path: Path):
 
 def test_the_saturated_window_ends_at_the_last_step_that_prefilled(tmp_path: Path):
     # step 1 is the last admission (rank 1 prefills 64 prompt tokens); steps 2-3 are the drain
-    write_rank(tmp_path, 0, [step(0.0, 1.0, 100, new_tokens=1, prefill_tokens=32),
-                             step(1.0, 2.0, 101, new_tokens=1), step(2.0, 3.0, 102, new_tokens=1),
-                             step(3.0, 7.0, 103, new_tokens=1)])  # fmt: skip
-    write_rank(tmp_path, 1, [step(0.0, 1.0, 50, new_tokens=1),
-                             step(1.0, 2.0, 64, new_tokens=0, prefill_tokens=64),
+    write_rank(tmp_path, 0, [step(0.0, 1.0, 100, new_tokens=1, prefill_tokens=32, running=3),
+                             step(1.0, 2.0, 101, new_tokens=1, running=2),
+                             step(2.0, 3.0, 102, new_tokens=1, running=1),
+                             step(3.0, 7.0, 103, new_tokens=1, running=1)])  # fmt: skip
+    write_rank(tmp_path, 1, [step(0.0, 1.0, 50, new_tokens=1, running=1),
+                             step(1.0, 2.0, 64, new_tokens=0, prefill_tokens=64, running=2),
                              step(2.0, 3.0, 0, kind="dummy"), step(3.0, 7.0, 0, kind="dummy")])  # fmt: skip
     figures = measure(read_steps(tmp_path), 0.0, 10.0)
     assert figures.prefill_steps == 2 and figures.saturated_steps == 2
@@ -113,3 +115,25 @@ def test_the_saturated_window_ends_at_the_last_step_that_prefilled(tmp_path: Pat
     assert figures.saturated_throughput_tok_s == pytest.approx(3 / 2.0)
     assert figures.throughput_tok_s == pytest.approx(5 / 7.0)
     assert figures.prefill_share == pytest.approx(2 / 7.0)
+    # the ranks held 3 + 1 and 2 + 2 requests while saturated; the drain's are left out
+    assert figures.saturated_running == pytest.approx(4.0)
+
+
+def test_an_emulator_log_measures_like_the_engine_prefill_and_queue_included(tmp_path: Path):
+    # two ranks, four iterations; rank 1 computes a prompt in iteration 1 (the last admission)
+    (tmp_path / "iterations").mkdir()
+    (tmp_path / "config.json").write_text(json.dumps({"epoch": 1000.0}))
+    pd.DataFrame({
+        "iteration": [0, 1, 2, 3], "start_s": [0.0, 1.0, 2.0, 3.0], "end_s": [1.0, 2.0, 3.0, 4.0],
+        "emitted": [2, 1, 2, 1], "loads": [[100, 50], [101, 64], [102, 65], [103, 0]],
+        "running": [[2, 1], [2, 2], [1, 2], [1, 0]], "waiting": [[0, 1], [0, 0], [0, 0], [0, 0]],
+        "prefill": [[0, 0], [0, 64], [0, 0], [0, 0]],
+    }).to_parquet(tmp_path / "iterations" / "part-00000.parquet")  # fmt: skip
+    steps = read_steps(tmp_path)
+    assert steps.loc[steps["rank"] == 1, "waiting"].tolist() == [1, 0, 0, 0]
+    figures = measure(steps, 1000.0, 1010.0)
+    assert figures.steps == 4 and figures.tokens == 6
+    assert figures.prefill_steps == 1 and figures.saturated_steps == 2
+    # (200 - 150) and (202 - 165) while saturated; the ranks held 3 then 4 requests
+    assert figures.saturated_imbalance_tokens == pytest.approx((50 + 37) / 2)
+    assert figures.saturated_running == pytest.approx(3.5)

@@ -83,6 +83,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "file")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="seed of the arm orders (0)")
     p.add_argument("--out", type=Path, required=True, help="output folder")
+    p.add_argument("--emulated", type=Path,
+                   help="the --out of the same study run on the calibrated emulator: its ratios "
+                   "become the headline's emulated ones (default: the simulator's)")  # fmt: skip
     p.add_argument("--remeasure", action="store_true",
                    help="run nothing: re-measure the study already in --out (its records.json "
                    "and slices) from the step logs")  # fmt: skip
@@ -176,19 +179,40 @@ def run(args: argparse.Namespace) -> int:
     sim = summarize(simulated(slices, arms, args.ranks, args.slots, cost), arms, client=False)
     check = group_lockstep(args.step_log)
     held = occupancy(records, args.ranks * args.slots)
-    if held["min"] < FULL_SHARE:
-        print(f"real-group: a run's ranks held {held['min']:.0%} of the {args.ranks} x "
-              f"{args.slots} slots while requests waited (mean {held['mean']:.0%}): the "
-              "gateway heard finishes late, so the ratios measure that lag as much as the "
-              "routers; on a small machine start the engine at a lower CPU priority than the "
-              "gateway and the client (scripts/real_group.sh: REAL_GROUP_NICE)",
-              file=sys.stderr)  # fmt: skip
-    detail = {"reference": arms[0], "ratios": table, "simulated": sim,
+    warn_underfilled(held, args.ranks, args.slots)
+    info = engine_info(args.engine, args.ranks, args.slots)
+    if "version" not in info:  # the engine is down (a --remeasure later): what it said then
+        info = _saved_summary(args.out).get("engine", info)
+    detail = {"reference": arms[0], "ratios": table, "simulated": sim, "engine": info,
               "simulated_cost": cost.as_dict(), "lockstep": check, "occupancy": held}  # fmt: skip
     (args.out / "summary.json").write_text(json.dumps(detail, indent=1))
-    info = engine_info(args.engine, args.ranks, args.slots)
-    print(json.dumps(headline(info, table, sim, check["holds"], held)))
+    emulated = None
+    if args.emulated is not None:
+        emulated = _saved_summary(args.emulated).get("ratios")
+        if emulated is None:
+            raise UserError(f"--emulated {args.emulated}: no summary.json with ratios there")
+    print(json.dumps(headline(info, table, sim, check["holds"], held, emulated)))
     return 0
+
+
+def warn_underfilled(held: dict[str, float], ranks: int, slots: int) -> None:
+    """Say so when a run's ranks held fewer than ``FULL_SHARE`` of the slots while requests
+    waited: the study then measured the front end's lag."""
+    if not held["min"] < FULL_SHARE:
+        return
+    print(f"real-group: a run's ranks held {held['min']:.0%} of the {ranks} x {slots} slots "
+          f"while requests waited (mean {held['mean']:.0%}): the gateway heard finishes late, "
+          "so the ratios measure that lag as much as the routers; on a small machine start the "
+          "engine at a lower CPU priority than the gateway and the client "
+          "(scripts/real_group.sh: REAL_GROUP_NICE)", file=sys.stderr)  # fmt: skip
+
+
+def _saved_summary(out: Path) -> dict:
+    """A study's summary.json, or an empty dict when there is none."""
+    try:
+        return json.loads((out / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def _saved_records(out: Path) -> list[dict]:
@@ -207,21 +231,35 @@ def _interval(ratio: dict | None) -> dict | None:
     return {"mean": ratio["ratio"], "low": ratio["low"], "high": ratio["high"]}
 
 
+def _arm_key(arm: str) -> str:
+    """An arm's name without its model file (a learned arm's file differs between studies)."""
+    return arm.split("@", 1)[0]
+
+
+def _saturated(row: dict | None, key: str) -> float | None:
+    return ((row or {}).get(f"engine.saturated_{key}") or {}).get("ratio")
+
+
 def headline(engine: dict, table: dict, sim: dict, holds: bool,
-             held: dict[str, float] | None = None) -> dict:  # fmt: skip
+             held: dict[str, float] | None = None, emulated: dict | None = None) -> dict:  # fmt: skip
     """The one-line result: each arm's engine ratios to the reference while the pool held
-    requests (the paper's figures), over the whole run, the client's, and the simulator's;
-    the share of the slots the ranks held meanwhile (:func:`occupancy`)."""
+    requests (the paper's figures), over the whole run, the client's, the simulator's and the
+    emulator's (``emulated``: that study's ratios; without one, the simulator's); the share of
+    the slots the ranks held meanwhile (:func:`occupancy`)."""
+    emulated_rows = {_arm_key(a): r for a, r in (emulated or {}).items()}
     arms = {}
     for arm, row in table.items():
-        simulated = sim[arm]
+        emu = emulated_rows.get(_arm_key(arm)) if emulated is not None else sim[arm]
         arms[arm] = {
             "imbalance_ratio": _interval(row["engine.saturated_imbalance_tokens"]),
             "throughput_ratio": _interval(row["engine.saturated_throughput_tok_s"]),
             "run_imbalance_ratio": _interval(row["engine.imbalance_tokens"]),
             "run_throughput_ratio": _interval(row["engine.throughput_tok_s"]),
             "client_throughput_ratio": _interval(row["client.output_throughput"]),
-            "emulated_imbalance_ratio": (simulated["engine.saturated_imbalance_tokens"] or {}).get("ratio"),
-            "emulated_throughput_ratio": (simulated["engine.saturated_throughput_tok_s"] or {}).get("ratio"),
+            "emulated_imbalance_ratio": _saturated(emu, "imbalance_tokens"),
+            "emulated_throughput_ratio": _saturated(emu, "throughput_tok_s"),
+            "simulated_imbalance_ratio": _saturated(sim[arm], "imbalance_tokens"),
+            "simulated_throughput_ratio": _saturated(sim[arm], "throughput_tok_s"),
         }  # fmt: skip
-    return {"engine": engine, "arms": arms, "lockstep": bool(holds), "occupancy": held}
+    return {"engine": engine, "arms": arms, "lockstep": bool(holds), "occupancy": held,
+            "emulated_by": "emulator" if emulated is not None else "simulator"}  # fmt: skip

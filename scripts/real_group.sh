@@ -9,6 +9,10 @@
 # with DP > 1, and the engine's step log). The first run installs vLLM (about 9 minutes); later
 # runs reuse it.
 #
+# REAL_GROUP_EMULATE=1 then runs the same study on `balanceroute emulate` with the cost fitted to
+# the engine's step logs, and the headline's emulated ratios are the emulator's (else the
+# simulator's).
+#
 # GPU: REAL_GROUP_MODEL=<model> REAL_GROUP_VLLM=<venv with vllm> REAL_GROUP_G=8 REAL_GROUP_B=32
 #      REAL_GROUP_FLAGS="--enable-expert-parallel ..." scripts/real_group.sh
 # The plugin is installed there for the step log only (it leaves GPU communication alone).
@@ -66,5 +70,29 @@ fi
 stop() { kill -TERM -- "-$(cat "$OUT/engine.pid")" 2>/dev/null || true; sleep 3; kill -KILL -- "-$(cat "$OUT/engine.pid")" 2>/dev/null || true; }
 trap stop EXIT
 echo "real_group.sh: engine starting (pid $(cat "$OUT/engine.pid"), log $LOG); results in $OUT" >&2
-balanceroute real-group --engine "http://127.0.0.1:$PORT" --ranks "$G" --slots "$B" \
-    --step-log "$OUT/steps" --trace "$TRACE" --max-model-len "$LEN" --out "$OUT" "$@"
+study() {  # study URL STEP_LOG OUT [more real-group flags]: one A/B on the group at URL
+    local url="$1" steps="$2" out="$3"; shift 3
+    balanceroute real-group --engine "$url" --ranks "$G" --slots "$B" --step-log "$steps" \
+        --trace "$TRACE" --max-model-len "$LEN" --out "$out" "$@"
+}
+if [ "${REAL_GROUP_EMULATE:-0}" != 1 ]; then
+    study "http://127.0.0.1:$PORT" "$OUT/steps" "$OUT" "$@"
+    exit 0
+fi
+# REAL_GROUP_EMULATE=1: the same study on the emulator with the cost fitted to the engine's
+# logs, then the engine's headline with the emulator's ratios (about twice the time)
+study "http://127.0.0.1:$PORT" "$OUT/steps" "$OUT" "$@" > "$OUT/engine-headline.json"
+stop
+EPORT=$((PORT + 100))
+mkdir -p "$OUT/emulator"
+balanceroute emulate --ranks "$G" --slots "$B" --cost "$OUT/cost.json" --port-base "$EPORT" \
+    --rank-header X-data-parallel-rank --log "$OUT/emulator/log" --max-model-len "$LEN" \
+    >"$OUT/emulator.log" 2>&1 &
+EPID=$!
+echo "real_group.sh: the calibrated emulator (pid $EPID, log $OUT/emulator.log)" >&2
+study "http://127.0.0.1:$EPORT" "$OUT/emulator/log" "$OUT/emulator" --sim-cost "$OUT/cost.json" \
+    "$@" > "$OUT/emulator/headline.json"
+kill -TERM "$EPID"
+wait "$EPID" || true
+balanceroute real-group --remeasure --engine "http://127.0.0.1:$PORT" --ranks "$G" --slots "$B" \
+    --step-log "$OUT/steps" --out "$OUT" --emulated "$OUT/emulator" "$@"

@@ -46,6 +46,28 @@ def test_the_headline_reports_saturated_whole_run_client_and_simulated_ratios():
     assert arm["imbalance_ratio"] == {"mean": 0.7, "low": 0.6, "high": 0.8}
     assert arm["client_throughput_ratio"] is None
     assert arm["emulated_imbalance_ratio"] == 0.9 and line["lockstep"] is True
+    assert arm["simulated_imbalance_ratio"] == 0.9 and line["emulated_by"] == "simulator"
+
+
+def test_the_emulator_study_gives_the_emulated_ratios_a_learned_arm_matched_without_its_file():
+    ratio = {"ratio": 0.7, "low": 0.6, "high": 0.8}
+    keys = ("saturated_imbalance_tokens", "saturated_throughput_tok_s", "imbalance_tokens",
+            "throughput_tok_s")  # fmt: skip
+    engine_row = {**{f"engine.{k}": ratio for k in keys}, "client.output_throughput": None}
+    table = {"brh:none": engine_row, "brh:gbdt@/run/model-gbdt.joblib": engine_row}
+    sim = {a: {f"engine.{k}": {**ratio, "ratio": 0.5} for k in keys} for a in table}
+    emulated = {"brh:none": {"engine.saturated_imbalance_tokens": {**ratio, "ratio": 0.8},
+                             "engine.saturated_throughput_tok_s": {**ratio, "ratio": 1.05}},
+                "brh:gbdt@/emu/model-gbdt.joblib": {
+                    "engine.saturated_imbalance_tokens": {**ratio, "ratio": 0.85}}}  # fmt: skip
+    line = headline({"ranks": 2}, table, sim, holds=True, emulated=emulated)
+    arms = line["arms"]
+    assert arms["brh:none"]["emulated_imbalance_ratio"] == 0.8
+    assert arms["brh:none"]["emulated_throughput_ratio"] == 1.05
+    assert arms["brh:gbdt@/run/model-gbdt.joblib"]["emulated_imbalance_ratio"] == 0.85
+    assert arms["brh:gbdt@/run/model-gbdt.joblib"]["emulated_throughput_ratio"] is None
+    assert arms["brh:none"]["simulated_imbalance_ratio"] == 0.5
+    assert line["emulated_by"] == "emulator"
 
 
 def test_occupancy_is_the_share_of_the_slots_held_while_requests_waited():

@@ -363,6 +363,8 @@ class DecodeGroup:
             self._remove_cancelled(now)
             if not self.has_work():
                 prev_end = None
+                if log.dir is not None:  # idle: what ran so far readable from the folder
+                    self._flush_iterations()
                 self._wake = loop.create_future()
                 await self._wake
                 self._wake = None

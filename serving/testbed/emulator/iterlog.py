@@ -94,9 +94,10 @@ class IterationLog:
         self.j = 0
         if j == 0 or self.dir is None:
             return None
-        arrays = {name: pa.array(col[:j]) for name, col in self.cols.items()}
+        # copies: the table is written in a thread while the next rows fill these buffers
+        arrays = {name: pa.array(col[:j].copy()) for name, col in self.cols.items()}
         for name, mat in self.per_rank.items():
-            flat = pa.array(np.ascontiguousarray(mat[:j]).ravel())
+            flat = pa.array(mat[:j].flatten())
             arrays[name] = pa.FixedSizeListArray.from_arrays(flat, self.ranks)
         return pa.table(arrays)
 

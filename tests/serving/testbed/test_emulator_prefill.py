@@ -13,6 +13,7 @@ from balanceroute.router.lab.scripted import ScriptedPolicy
 from balanceroute.router.lab.simulator import SimConfig, simulate
 from balanceroute.serving.testbed.emulator.config import EmulatorConfig
 from balanceroute.serving.testbed.emulator.group import DecodeGroup
+from balanceroute.serving.testbed.emulator.iterlog import IterationLog, read_log
 from tests.router.helpers import frame
 from tests.serving.testbed.test_emulator_group import _req, _run
 
@@ -58,3 +59,36 @@ def test_the_emulator_and_the_simulator_agree_on_a_prefilling_run():
     res = simulate(rq, script, SimConfig(workers=2, slots=2, cost=COST))
     np.testing.assert_array_equal(res.loads, log.per_rank["loads"][: log.j])
     np.testing.assert_allclose(np.diff(res.t_start), log.cols["duration_s"][: log.j])
+
+
+def test_a_group_with_a_log_folder_writes_what_it_ran_when_it_goes_idle(tmp_path):
+    config = EmulatorConfig(ranks=2, slots=2, cost=COST)
+    group = DecodeGroup(config, log=IterationLog(tmp_path, config.ranks))
+
+    async def run_then_idle() -> None:
+        reqs = [_req(group, 0, 10, 2), _req(group, 1, 4, 1)]
+        await _run(group, reqs)
+        task = asyncio.get_running_loop().create_task(group.run())  # goes idle at once
+        for _ in range(200):
+            await asyncio.sleep(0.005)
+            if list((tmp_path / "iterations").glob("part-*.parquet")):
+                break
+        task.cancel()
+
+    asyncio.run(run_then_idle())
+    iterations, _ = read_log(tmp_path)  # no flush() called: the idle group wrote them
+    assert iterations["iteration"].tolist() == [0, 1, 2, 3]
+    assert [list(p) for p in iterations["prefill"]] == [[4, 4], [4, 0], [2, 0], [0, 0]]
+
+
+def test_a_taken_log_part_does_not_change_as_the_next_rows_fill_the_buffers(tmp_path):
+    # the part is written in a thread while the group logs on into the same buffers
+    log = IterationLog(tmp_path, 2)
+    log.cols["iteration"][:2] = [0, 1]
+    log.per_rank["loads"][:2] = [[10, 4], [11, 5]]
+    log.j = 2
+    table = log.take()
+    log.cols["iteration"][0] = 2
+    log.per_rank["loads"][0] = [99, 99]
+    assert table.column("iteration").to_pylist() == [0, 1]
+    assert table.column("loads").to_pylist() == [[10, 4], [11, 5]]

@@ -102,6 +102,14 @@ class BalanceRouteConfig:
     kv_capacity: float | None = field(
         default=None, metadata={"help": "per-worker KV token capacity over the horizon"}
     )
+    prefill_align: int = field(
+        default=0,
+        metadata={
+            "help": "ranks that prefill (no separate prefill tier): hold admissions up to this "
+            "many iterations until every rank has a free slot, so new prompts share steps "
+            "(0: admit at once; router/policies/prefill_align.py)"
+        },
+    )
     guard: bool = field(
         default=True,
         metadata={
@@ -179,6 +187,10 @@ class BalanceRouteConfig:
             (
                 self.kv_capacity is None or 0 < self.kv_capacity < math.inf,
                 "kv_capacity must be a finite number > 0",
+            ),
+            (
+                0 <= self.prefill_align <= MAX_WINDOW,
+                f"prefill_align must be in 0..{MAX_WINDOW}, got {self.prefill_align}",
             ),
             (
                 self.max_wait_s is None or 0 <= self.max_wait_s < math.inf,

@@ -52,6 +52,7 @@ from balanceroute.router.policies.kernels import (
     stage1_worker,
 )
 from balanceroute.router.policies.policy import Policy, RunContext
+from balanceroute.router.policies.prefill_align import PrefillAlign
 from balanceroute.router.policies.scoring import OutputMean, discount_weights
 from balanceroute.router.policies.state import Admissions, RouterState
 
@@ -109,7 +110,7 @@ class BalanceRoutePolicy(Policy):
             cfg = replace(cfg, **overrides)
         self.config = cfg
         self.estimator = estimator
-        self.maximal = cfg.kv_capacity is None
+        self.maximal = cfg.kv_capacity is None and cfg.prefill_align == 0
 
     # ---- lifecycle -------------------------------------------------------------------------
     def reset(self, ctx: RunContext) -> None:
@@ -139,6 +140,7 @@ class BalanceRoutePolicy(Policy):
             self.predicted_rows = 0
         compile_kernels()
         self.counters = np.zeros(4, dtype=np.int64)
+        self.align = PrefillAlign(cfg.prefill_align) if cfg.prefill_align else None
         self.refreshes = 0
         self.refill_prompt: float | None = None
         self.guard = None
@@ -372,7 +374,7 @@ class BalanceRoutePolicy(Policy):
     # ---- the decision ----------------------------------------------------------------------
     def route(self, state: RouterState) -> Admissions:
         due = state.admissions_due
-        if due == 0:
+        if due == 0 or (self.align is not None and self.align.holds(state)):
             return Admissions.empty()
         cfg = self.config
         cand = state.pool.head(due + max(cfg.window, cfg.r_max))

@@ -71,8 +71,11 @@ def test_the_emulator_study_gives_the_emulated_ratios_a_learned_arm_matched_with
 
 
 def test_occupancy_is_the_share_of_the_slots_held_while_requests_waited():
-    records = [{"engine": {"saturated_running": 15.0}}, {"engine": {"saturated_running": 9.6}},
-               {"engine": {"saturated_running": float("nan")}}]  # fmt: skip
+    records = [{"arm": "count-jsq", "engine": {"saturated_running": 15.0}},
+               {"arm": "brh:none", "engine": {"saturated_running": 9.6}},
+               {"arm": "brh:none", "engine": {"saturated_running": float("nan")}},
+               # an arm that holds slots free by design is not counted
+               {"arm": "brh:none{prefill_align=8}", "engine": {"saturated_running": 2.0}}]  # fmt: skip
     held = occupancy(records, 16)
     assert held["min"] == pytest.approx(0.6) and held["mean"] == pytest.approx((15 + 9.6) / 32)
     assert held["min"] < FULL_SHARE <= occupancy(records[:1], 16)["min"]

@@ -25,11 +25,15 @@ import numpy as np
 from balanceroute.features.errors import UserError
 from balanceroute.features.workload import WorkloadSpec
 from balanceroute.router.lab.paired import paired_ratio
+from balanceroute.router.policies.specs import RouterSpec
 from balanceroute.serving.testbed.bench.run import BenchConfig, run_bench
 from balanceroute.serving.testbed.harness import ServerProcess, clean_env, free_port
 from balanceroute.serving.testbed.realgroup.steplog import lockstep, measure
 
-DEFAULT_ARMS = ("count-jsq", "round-robin", "token-jsq", "br0", "brh:none")
+# the group computes its own prompts: BR-H with and without prefill alignment
+# (router/policies/prefill_align.py; docs/results.md, "A real lockstep group")
+DEFAULT_ARMS = ("count-jsq", "round-robin", "token-jsq", "br0", "brh:none",
+                "brh:none{prefill_align=8}")  # fmt: skip
 ENGINE_KEYS = ("saturated_imbalance_tokens", "saturated_throughput_tok_s", "imbalance_tokens",
                "throughput_tok_s", "makespan_s", "idle_share", "step_s", "saturated_step_s")  # fmt: skip
 SIM_KEYS = ("saturated_imbalance_tokens", "saturated_throughput_tok_s", "imbalance_tokens",
@@ -169,12 +173,20 @@ def summarize(records: list[dict], arms: tuple[str, ...], client: bool = True) -
 def occupancy(records: list[dict], slots_total: int) -> dict[str, float]:
     """The share of the group's ``G B`` slots its ranks held while requests waited at the
     gateway: the lowest run's and the mean. Well below 1, the gateway heard finishes late (a
-    front end starved of CPU, a slow network) and the run measured the lag, not the router."""
+    front end starved of CPU, a slow network) and the run measured the lag, not the router. Arms
+    that leave slots free by design (``prefill_align``, ``kv_capacity``) are not counted."""
     shares = [float(r["engine"]["saturated_running"]) / slots_total for r in records
-              if np.isfinite(r["engine"].get("saturated_running", np.nan))]  # fmt: skip
+              if np.isfinite(r["engine"].get("saturated_running", np.nan))
+              and _fills_slots(r["arm"])]  # fmt: skip
     if not shares:
         return {"min": math.nan, "mean": math.nan}
     return {"min": min(shares), "mean": float(np.mean(shares))}
+
+
+def _fills_slots(arm: str) -> bool:
+    """Whether ``arm`` admits into every free slot while requests wait (a maximal policy)."""
+    options = RouterSpec.parse(arm).options
+    return not options.get("prefill_align") and options.get("kv_capacity") is None
 
 
 def group_lockstep(step_log: Path) -> dict[str, Any]:

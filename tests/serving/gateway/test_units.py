@@ -534,3 +534,36 @@ def test_a_decisions_bookkeeping_follows_the_forward_and_counts_each_wait() -> N
     d = _dispatcher(group, [Arm("count-jsq", spec, spec.build_policy(None), None)])
     group.arrive(10, 1, 0.0)
     assert d.decide(now=1.0) == 1 and samples(d)[:2] == (1, 1.0)
+
+
+def test_prefill_alignment_holds_a_freed_slot_until_the_other_rank_frees_or_the_wait_ends() -> None:
+    """``brh{prefill_align=2}`` live: a slot freed on one rank waits while the other is full,
+    two of the gateway's step estimates at most; both ranks free, both are filled at once."""
+
+    async def scenario() -> None:
+        spec = RouterSpec.parse("brh:none{prefill_align=2}")
+        arm = Arm(spec.label, spec, spec.build_policy(None), None)
+        group = LiveGroup.sized(ranks=2, slots=1, max_pool=16)
+        d = _dispatcher(group, [arm])
+        futures = {}
+        for _ in range(6):
+            p = group.arrive(100, 50, 0.0)
+            futures[p] = d.waiter(p)
+        assert d.decide() == 2  # every rank free: no hold
+        first, second = (p for p, f in futures.items() if f.done())
+        group.advance(first, 2)
+        group.advance(second, 2)
+        group.leave(first, 2, learn=True)
+        assert d.decide() == 0  # held: the other rank is full
+        group.advance(second, 3)  # one step later
+        assert d.decide() == 0
+        group.advance(second, 4)  # two steps: the wait is over
+        assert d.decide() == 1
+        third = next(p for p, f in futures.items() if f.done() and p not in (first, second))
+        group.advance(third, 1)
+        group.leave(second, 5, learn=True)
+        group.leave(third, 1, learn=True)
+        assert d.decide() == 2  # both ranks free at once: admitted together
+        assert group.inflight.tolist() == [1, 1]
+
+    asyncio.run(scenario())

@@ -25,7 +25,6 @@ import numpy as np
 from balanceroute.features.errors import UserError
 from balanceroute.features.workload import WorkloadSpec
 from balanceroute.router.lab.paired import paired_ratio
-from balanceroute.router.policies.specs import RouterSpec
 from balanceroute.serving.testbed.bench.run import BenchConfig, run_bench
 from balanceroute.serving.testbed.harness import ServerProcess, clean_env, free_port
 from balanceroute.serving.testbed.realgroup.steplog import lockstep, measure
@@ -184,9 +183,12 @@ def occupancy(records: list[dict], slots_total: int) -> dict[str, float]:
 
 
 def _fills_slots(arm: str) -> bool:
-    """Whether ``arm`` admits into every free slot while requests wait (a maximal policy)."""
-    options = RouterSpec.parse(arm).options
-    return not options.get("prefill_align") and options.get("kv_capacity") is None
+    """Whether ``arm`` (``router[:estimator]{name=value;...}``) admits into every free slot
+    while requests wait: it sets neither ``prefill_align`` nor ``kv_capacity``."""
+    items = arm.partition("{")[2].removesuffix("}").split(";")
+    options = dict(i.replace(" ", "").split("=", 1) for i in items if "=" in i)
+    return options.get("prefill_align", "0") == "0" and options.get("kv_capacity", "none") in (
+        "none", "None", "null")
 
 
 def group_lockstep(step_log: Path) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from balanceroute.serving.testbed.realgroup.ab import (
     attach_engine,
     engine_info,
     engine_ready,
+    fidelity,
     group_lockstep,
     occupancy,
     run_study,
@@ -176,7 +177,8 @@ def run(args: argparse.Namespace) -> int:
     (args.out / "records.json").write_text(json.dumps(records, indent=1))
     table = summarize(records, arms)
     cost = sim_cost(args.sim_cost, args.step_log, args.out)
-    sim = summarize(simulated(slices, arms, args.ranks, args.slots, cost), arms, client=False)
+    sim_records = simulated(slices, arms, args.ranks, args.slots, cost)
+    sim = summarize(sim_records, arms, client=False)
     check = group_lockstep(args.step_log)
     held = occupancy(records, args.ranks * args.slots)
     warn_underfilled(held, args.ranks, args.slots)
@@ -184,7 +186,8 @@ def run(args: argparse.Namespace) -> int:
     if "version" not in info:  # the engine is down (a --remeasure later): what it said then
         info = _saved_summary(args.out).get("engine", info)
     detail = {"reference": arms[0], "ratios": table, "simulated": sim, "engine": info,
-              "simulated_cost": cost.as_dict(), "lockstep": check, "occupancy": held}  # fmt: skip
+              "simulated_cost": cost.as_dict(), "lockstep": check, "occupancy": held,
+              "simulated_over_engine": fidelity(records, sim_records, arms)}  # fmt: skip
     (args.out / "summary.json").write_text(json.dumps(detail, indent=1))
     emulated = None
     if args.emulated is not None:

@@ -14,7 +14,7 @@ from balanceroute.router.lab.prefill import PrefillConfig
 from balanceroute.router.lab.replay_spec import ReplaySpec
 from balanceroute.router.lab.runner import replay
 from balanceroute.router.policies.specs import RouterSpec
-from balanceroute.serving.testbed.realgroup.ab import FULL_SHARE, occupancy
+from balanceroute.serving.testbed.realgroup.ab import FULL_SHARE, fidelity, occupancy
 
 
 def test_the_saturated_window_counts_the_tokens_made_up_to_the_last_admission(tmp_path: Path):
@@ -81,3 +81,17 @@ def test_occupancy_is_the_share_of_the_slots_held_while_requests_waited():
     assert held["min"] < FULL_SHARE <= occupancy(records[:1], 16)["min"]
     line = headline({"ranks": 2}, {}, {}, holds=True, held=held)
     assert line["occupancy"] == held
+
+
+def test_fidelity_is_the_simulators_mean_over_the_engines_per_arm():
+    def rec(arm, repeat, imbalance, throughput):
+        return {"arm": arm, "repeat": repeat, "engine": {"saturated_imbalance_tokens": imbalance,
+                                                         "saturated_throughput_tok_s": throughput}}
+    engine = [rec("count-jsq", 0, 4000, 400), rec("count-jsq", 1, 6000, 500),
+              rec("brh:none", 0, 1000, 420), rec("brh:none", 1, 3000, 480)]  # fmt: skip
+    sim = [rec("count-jsq", 0, 5000, 450), rec("count-jsq", 1, 5000, 450),
+           rec("brh:none", 0, 1000, 450), rec("brh:none", 1, 1000, 450)]  # fmt: skip
+    got = fidelity(engine, sim, ("count-jsq", "brh:none"))
+    assert got["count-jsq"]["saturated_imbalance_tokens"] == pytest.approx(1.0)
+    assert got["brh:none"]["saturated_imbalance_tokens"] == pytest.approx(0.5)
+    assert got["brh:none"]["saturated_throughput_tok_s"] == pytest.approx(1.0)

@@ -169,6 +169,22 @@ def summarize(records: list[dict], arms: tuple[str, ...], client: bool = True) -
     return table
 
 
+def fidelity(records: list[dict], simulated: list[dict], arms: tuple[str, ...]) -> dict[str, Any]:
+    """Per arm, the simulator's mean over the engine's mean of each saturated figure, in tokens
+    and tokens a second, on the same slices: where the ratios to the reference disagree, whether
+    the arm or the reference is off."""
+    keys = ("saturated_imbalance_tokens", "saturated_throughput_tok_s")
+    out: dict[str, Any] = {}
+    for arm in arms:
+        row = {}
+        for key in keys:
+            engine = np.nanmean(_by_repeat(records, arm, "engine", key))
+            sim = np.nanmean(_by_repeat(simulated, arm, "engine", key))
+            row[key] = float(sim / engine) if engine > 0 else None
+        out[arm] = row
+    return out
+
+
 def occupancy(records: list[dict], slots_total: int) -> dict[str, float]:
     """The share of the group's ``G B`` slots its ranks held while requests waited at the
     gateway: the lowest run's and the mean. Well below 1, the gateway heard finishes late (a

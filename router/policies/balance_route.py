@@ -140,7 +140,7 @@ class BalanceRoutePolicy(Policy):
             self.predicted_rows = 0
         compile_kernels()
         self.counters = np.zeros(4, dtype=np.int64)
-        self.align = PrefillAlign(cfg.prefill_align) if cfg.prefill_align else None
+        self.align = PrefillAlign(cfg.prefill_align, ctx.slots) if cfg.prefill_align else None
         self.refreshes = 0
         self.refill_prompt: float | None = None
         self.guard = None

@@ -565,5 +565,14 @@ def test_prefill_alignment_holds_a_freed_slot_until_the_other_rank_frees_or_the_
         group.leave(third, 1, learn=True)
         assert d.decide() == 2  # both ranks free at once: admitted together
         assert group.inflight.tolist() == [1, 1]
+        # a rank out of rotation is not waited for
+        on = {int(group.rank[p]): p for p, f in futures.items() if f.done() and group.rank[p] >= 0}
+        for p in on.values():
+            group.advance(p, 1)
+        group.leave(on[1], 1, learn=True)
+        group.set_healthy(1, False)
+        group.leave(on[0], 1, learn=True)
+        assert d.decide() == 1
+        assert group.inflight.tolist() == [1, 0]
 
     asyncio.run(scenario())

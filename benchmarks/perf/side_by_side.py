@@ -24,6 +24,8 @@ The gateway's layout is ``--gateway-modes`` (default ``inproc``, the gateway's o
 Protocol front beside the decider in one process, started with ``--no-mlflow --out DIR`` and the
 warning log level); ``plain`` is the same layout started as a user would, with only the required
 flags, and ``now`` that with ``--decide now``; ``proto1`` and ``proto2`` run relay worker processes (``--relay-workers N``). Every arm is named ``gateway[MODE]:ROUTER``.
+``--pin`` runs each router alone on the last CPU and the emulator and the client on the others
+(by default all share every CPU).
 ``--floor`` adds the arm ``floor``, ``bare_relay.py``: what a Python relay on uvloop and httptools
 pays here with no checks, count or decision (the gap between it and the gateway is the gateway's
 own work). The layouts in
@@ -65,6 +67,19 @@ SGLANG_POLICIES = ("round_robin", "random", "power_of_two", "cache_aware")
 VLLM_POLICIES = ("round_robin", "random", "power_of_two", "cache_aware", "kv_aware",
                  "consistent_hash", "sticky_least_loaded")  # fmt: skip
 CLI = [sys.executable, "-c", "import sys; from balanceroute.cli import main; sys.exit(main())"]
+
+
+PIN: list[int] = []  # the router's CPU under --pin
+
+
+def pin_router() -> None:
+    """``--pin``: the last CPU set aside for the router (:func:`start_router`), this process on
+    the others (the emulator and the client it starts inherit them)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("--pin needs at least two CPUs")
+    PIN[:] = [cpus[-1]]
+    os.sched_setaffinity(0, cpus[:-1])
 
 
 GATEWAY_MODES = {  # the gateway's process layout, by --gateway-modes name
@@ -142,6 +157,8 @@ def start_router(
                 "--policy", policy, "--worker-startup-check-interval", "1", "--log-level", "warning",
                 "--prometheus-port", str(free_port()), "--worker-urls", *urls]  # fmt: skip
         env, ready = clean_env(), url + "/health"
+    if PIN:  # the router alone on the last CPU (``--pin``)
+        args = ["taskset", "-c", str(PIN[0]), *args]
     # its own session: sglang-router forks the router process, which a stop must reach too
     # a plain gateway keeps MLflow's default store (SQLite in its working folder): the arm's own
     proc = ServerProcess(args, log=out / "router.out", env=env, group=True, cwd=out)
@@ -347,6 +364,12 @@ def main() -> None:
                    default=list(VLLM_POLICIES))  # fmt: skip
     p.add_argument("--floor", action="store_true", help="also the arm 'floor': bare_relay.py, "
                    "the fewest steps a Python relay takes (round robin, no checks, no decision)")
+    p.add_argument(
+        "--pin",
+        action="store_true",
+        help="the router (gateway, peer or floor) alone on the last CPU, the emulator and the "
+        "client on the others",
+    )
     p.add_argument("--peers-bin", type=Path, help="folder with sglang-router and vllm-router")
     p.add_argument("--base-python", help="another installation's python (e.g. a worktree of main "
                    "with its own .venv): every gateway arm again with its gateway, as base[MODE]")  # fmt: skip
@@ -363,6 +386,8 @@ def main() -> None:
         found = subprocess.run([str(REPO / "scripts" / "install_peers.sh")], check=True,
                                capture_output=True, text=True)  # fmt: skip
         args.peers_bin = Path(found.stdout.strip().splitlines()[-1])
+    if args.pin:
+        pin_router()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     frame, _ = load_workload(WorkloadSpec(trace=args.trace))
@@ -373,7 +398,7 @@ def main() -> None:
     t0 = time.time()
     result: dict[str, Any] = {
         "G": G, "B": B, "time_scale": args.time_scale, "trace": Path(args.trace).name,
-        "skip": args.skip, "peers_bin": str(args.peers_bin), "cpus": os.cpu_count(),
+        "skip": args.skip, "peers_bin": str(args.peers_bin), "cpus": os.cpu_count(), "pin": PIN[:1],
         "loadavg_before": list(os.getloadavg()), "runs": [],
     }  # fmt: skip
     for load, n in zip(args.loads, args.requests, strict=True):

@@ -6,7 +6,8 @@ gateway as a user starts it with each of ``--routers``. Every process it starts 
 ``legs_probe/sitecustomize.py``, which stamps each request with the one system-wide monotonic
 clock: the client's send and first token (``bench``), the engine's receipt and first chunk (the
 emulator's request log), and inside the gateway its first bytes, the body read, the body checked,
-the decider called and returned (and the policy's ``route`` within it), the exchange made, the
+the decider called and returned (within it the pool, the records, the snapshot, the
+policy's ``route``, the invariant check and the admission), the exchange made, the
 forward written, the first token read and written. Per arm: the median (and quartiles) of every
 leg in ms over the requests, and the added TTFT over ``direct`` as ``side_by_side.py`` counts it.
 
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from side_by_side import DATA, TRACE, one_arm  # this script's folder is on the path
+from side_by_side import DATA, TRACE, one_arm, pin_router  # this script's folder is on the path
 
 from balanceroute.serving.testbed.emulator.iterlog import read_log
 
@@ -38,6 +39,13 @@ GATEWAY_LEGS = [
     ("count, key and id", "checked", "admit"),
     ("decide", "admit", "decided"),
     ("  of which the policy", "route", "routed"),
+    ("  of which into the pool", "admit", "pooled"),
+    ("  the request's records", "pooled", "deciding"),
+    ("  the snapshot", "deciding", "snapshot"),
+    ("  the snapshot to the policy", "snapshot", "route"),
+    ("  the invariant check", "routed", "checked_adm"),
+    ("  the admission", "checked_adm", "resolved"),
+    ("  back to the front", "resolved", "decided"),
     ("make the exchange", "decided", "exchange"),
     ("write the forward", "exchange", "forward"),
     ("gateway to engine", "forward", "recv"),
@@ -84,7 +92,14 @@ def main() -> None:
     p.add_argument(
         "--out", type=Path, default=None, help="folder for the arms' logs (default: temporary)"
     )
+    p.add_argument(
+        "--pin",
+        action="store_true",
+        help="the router alone on the last CPU (as side_by_side.py --pin)",
+    )
     args = p.parse_args()
+    if args.pin:
+        pin_router()
     root = args.out or Path(tempfile.mkdtemp(prefix="ttft_legs_"))
     os.environ["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(PROBE), os.environ.get("PYTHONPATH")])

@@ -45,7 +45,7 @@ def _before(fn, cur: dict, name: str):
 
 def _gateway() -> None:
     from balanceroute.router.policies import balance_route, baselines
-    from balanceroute.serving.gateway import decider, upstream
+    from balanceroute.serving.gateway import clock, decider, dispatch, state, upstream
     from balanceroute.serving.gateway.plane import exchange, front
 
     cur: dict = {}  # the stamps of the request being handled (one at a time on the loop)
@@ -67,6 +67,11 @@ def _gateway() -> None:
     decider.Decider.admit = _after(_before(decider.Decider.admit, cur, "admit"), cur, "decided")
     for policy in (balance_route.BalanceRoutePolicy, baselines.FCFSPolicy):
         policy.route = _after(_before(policy.route, cur, "route"), cur, "routed")
+    clock.ClockedGroup.arrive = _after(clock.ClockedGroup.arrive, cur, "pooled")
+    dispatch.Dispatcher.decide = _before(dispatch.Dispatcher.decide, cur, "deciding")
+    state.LiveGroup.snapshot = _after(state.LiveGroup.snapshot, cur, "snapshot")
+    dispatch.admission_violation = _after(dispatch.admission_violation, cur, "checked_adm")
+    dispatch.after_forward = _before(dispatch.after_forward, cur, "resolved")
     made = exchange.Exchange.__init__
 
     def init(self, ctx, pool, client, req, rid):

@@ -82,6 +82,20 @@ def perf_objects(data: Path) -> dict[str, float]:
     return shares
 
 
+def cpu_parts(proc: psutil.Process) -> dict[str, float]:
+    """CPU seconds of the gateway's event-loop thread (user, system), its other threads and its
+    child processes: where a cost that is not the loop's comes from."""
+    loop_user = loop_system = others = 0.0
+    for t in proc.threads():
+        if t.id == proc.pid:
+            loop_user, loop_system = t.user_time, t.system_time
+        else:
+            others += t.user_time + t.system_time
+    children = sum(sum(cpu_s(c, children=False)) for c in proc.children(recursive=True))
+    return {"loop_user": loop_user, "loop_system": loop_system, "other_threads": others,
+            "children": children}  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="runs/gateway_profile")
@@ -90,10 +104,23 @@ def main() -> None:
     p.add_argument("--skip", type=int, default=3000, help="trace rows skipped before the replay")
     p.add_argument("--router", default="count-jsq")
     p.add_argument("--layout", choices=sorted(LAYOUTS), default="protocol")
-    p.add_argument("--profile", action="store_true", help="the gateway's main thread under cProfile")
+    p.add_argument(
+        "--profile", action="store_true", help="the gateway's main thread under cProfile"
+    )
+    p.add_argument(
+        "--plain",
+        action="store_true",
+        help="the gateway started as a user would: only "
+        "the required flags (MLflow on, in the run folder; info log)",
+    )
+    p.add_argument("--gateway-args", default="", help="more gateway flags, as one string")
     p.add_argument("--perf", action="store_true", help="sample the gateway with perf record")
-    p.add_argument("--idle-s", type=float, default=0.0,
-                   help="measure this many seconds with no request instead of the bench run")
+    p.add_argument(
+        "--idle-s",
+        type=float,
+        default=0.0,
+        help="measure this many seconds with no request instead of the bench run",
+    )
     p.add_argument("--top", type=int, default=40)
     p.add_argument("--python", default=sys.executable, help="the gateway's interpreter")
     args = p.parse_args()
@@ -112,16 +139,19 @@ def main() -> None:
     stats_file = out / "gateway.prof"
     code = PROFILED.format(out=str(stats_file)) if args.profile else MAIN
     port = free_port()
-    cmd = [args.python, "-c", code, "gateway", "--slots", str(B), "--port", str(port),
-           "--out", str(out / "gateway"), "--router", args.router, "--no-mlflow",
-           *LAYOUTS[args.layout]]  # fmt: skip
+    cmd = [os.path.abspath(args.python), "-c", code, "gateway", "--slots", str(B), "--port", str(port),
+           "--router", args.router, *LAYOUTS[args.layout]]  # fmt: skip
+    if not args.plain:
+        cmd += ["--out", str(out / "gateway"), "--no-mlflow"]
+    cmd += args.gateway_args.split()
     for u in urls:
         cmd += ["--rank", u]
     gw = None
     try:
         emu.wait_ready([u + "/health" for u in urls], timeout_s=180, poll_s=0.2)
-        gw = ServerProcess(cmd, log=out / "gateway.out",
-                           env=clean_env({"BALANCEROUTE_LOG_LEVEL": "warning"}), group=True)  # fmt: skip
+        quiet = {} if args.plain else {"BALANCEROUTE_LOG_LEVEL": "warning"}
+        gw = ServerProcess(cmd, log=out / "gateway.out", env=clean_env(quiet), group=True,
+                           cwd=out)  # fmt: skip
         gw.wait_ready([f"http://127.0.0.1:{port}/readyz"], timeout_s=180, poll_s=0.2)
         ps = psutil.Process(gw.pid)
         sampler = None
@@ -132,7 +162,7 @@ def main() -> None:
         if args.profile:
             ps.send_signal(signal.SIGUSR1)
         load_before = os.getloadavg()
-        cpu0, t0 = cpu_s(ps), time.time()
+        cpu0, parts0, t0 = sum(cpu_s(ps)), cpu_parts(ps), time.time()
         bench = [sys.executable, "-c", MAIN, "bench", "--trace", str(trace), "--requests",
                  str(args.requests), "--load", str(args.load), "--slots", str(B), "--ranks", str(G),
                  "--out", str(out / "bench"), "--model", DEFAULT_MODEL, "--no-progress",
@@ -141,7 +171,8 @@ def main() -> None:
             time.sleep(args.idle_s)
         else:
             subprocess.run(bench, check=True, stdout=subprocess.DEVNULL, env=clean_env())
-        cpu, wall = cpu_s(ps) - cpu0, time.time() - t0
+        cpu, wall = sum(cpu_s(ps)) - cpu0, time.time() - t0
+        parts = {k: v - parts0[k] for k, v in cpu_parts(ps).items()}
         if args.profile:
             ps.send_signal(signal.SIGUSR2)
             time.sleep(2.0)
@@ -161,6 +192,7 @@ def main() -> None:
         "failed": summary["failed"], "output_tokens": tokens, "wall_s": wall, "cpu_s": cpu,
         "cpu_s_per_s": cpu / wall,
         "cpu_s_per_1k_tokens": cpu / tokens * 1e3 if tokens else None,
+        "cpu_parts_s": parts,
         "loadavg_before": list(load_before), "loadavg_after": list(os.getloadavg()),
     }  # fmt: skip
     if args.perf:

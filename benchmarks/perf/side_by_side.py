@@ -183,16 +183,16 @@ def wait_workers(proc: ServerProcess, url: str, timeout_s: float = 60.0) -> None
     raise RuntimeError(f"{url} did not register {G} workers in {timeout_s:g} s: {proc.log()}")
 
 
-def cpu_s(proc: psutil.Process, children: bool = True) -> float:
-    """User + system CPU seconds of a process and (``children``) its children."""
-    total = 0.0
+def cpu_s(proc: psutil.Process, children: bool = True) -> tuple[float, float]:
+    """User and system CPU seconds of a process and (``children``) its children."""
+    user = system = 0.0
     for p in [proc, *(proc.children(recursive=True) if children else [])]:
         try:
             t = p.cpu_times()
-            total += t.user + t.system
+            user, system = user + t.user, system + t.system
         except psutil.Error:
             pass
-    return total
+    return user, system
 
 
 def run_bench(url: str, trace: Path, n: int, load: float, ts: float, out: Path) -> dict[str, Any]:
@@ -246,7 +246,7 @@ def one_arm(kind: str, policy: str | None, trace: Path, n: int, load: float, ts:
     emu, urls = start_emulator(ts, out / "emulator", out / "emulator.out",
                                "load" if kind == "vllm" else "sglang")  # fmt: skip
     router = None
-    cpu = main = None
+    cpu = main = system = None
     try:
         if kind == "direct":
             summary = run_bench(",".join(urls), trace, n, load, ts, out / "bench")
@@ -254,9 +254,10 @@ def one_arm(kind: str, policy: str | None, trace: Path, n: int, load: float, ts:
             assert policy is not None
             router, url = start_router(kind, policy, urls, out, peers, base_python)
             ps = psutil.Process(router.pid)
-            cpu0, main0 = cpu_s(ps), cpu_s(ps, children=False)
+            (u0, s0), main0 = cpu_s(ps), sum(cpu_s(ps, children=False))
             summary = run_bench(url, trace, n, load, ts, out / "bench")
-            cpu, main = cpu_s(ps) - cpu0, cpu_s(ps, children=False) - main0
+            (u1, s1), main = cpu_s(ps), sum(cpu_s(ps, children=False)) - main0
+            cpu, system = u1 + s1 - u0 - s0, s1 - s0
     finally:
         if router is not None:
             router.terminate(60)
@@ -272,6 +273,7 @@ def one_arm(kind: str, policy: str | None, trace: Path, n: int, load: float, ts:
         "outside_engine_ms_p50": float(np.median(outside)) if outside.size else None,
         "router_cpu_s": cpu,
         "router_cpu_s_per_1k_tokens": (cpu / tokens * 1e3) if cpu is not None and tokens else None,
+        "router_system_share": (system / cpu) if system is not None and cpu else None,
         # the router's own process (a split gateway's decider; the rest is its relay workers)
         "router_main_cpu_s_per_1k_tokens": (main / tokens * 1e3) if main is not None and tokens
         else None,

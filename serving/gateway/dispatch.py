@@ -244,21 +244,23 @@ class Dispatcher:
         now = self.clock()
         group = self.group
         loads = group.loads()
-        imbalance = float(loads.max() - loads.mean()) if loads.size else 0.0
+        per_rank = loads.tolist()  # G numbers: Python's max and sum, not numpy's calls
+        imbalance = max(per_rank) - sum(per_rank) / len(per_rank) if per_rank else 0.0
         if regular:
             self._activate(now)  # an idle gateway makes no decision at a window's boundary
         label = self.active.label if self.active is not None else ""
-        view = np.concatenate((loads, group.inflight)).astype(np.int32).tobytes()
+        running = group.inflight.tolist()
+        view = np.array(per_rank + running, dtype=np.int32).tobytes()
         self.ticks.append((time.time(), group.pool.size, imbalance, label, view))
         if not regular:
             return imbalance
         m = self.metrics
         m.imbalance.labels(label).observe(imbalance)
         m.pool.set(group.pool.size)
-        for g, gauge in enumerate(self._load_gauges):
-            gauge.set(float(loads[g]))
-        for g, gauge in enumerate(self._running_gauges):
-            gauge.set(int(group.inflight[g]))
+        for gauge, load in zip(self._load_gauges, per_rank, strict=True):
+            gauge.set(load)
+        for gauge, n in zip(self._running_gauges, running, strict=True):
+            gauge.set(n)
         self.switchback.sample(imbalance, now)
         self._count_fallbacks()
         return imbalance
@@ -301,16 +303,17 @@ class Dispatcher:
 
     def tick(self, now: float, next_sample: float) -> bool:
         """One pass of the loop at ``now``: a decision if requests wait (or departures do), else
-        the pulse; a sample while requests wait or when ``next_sample`` is due; whether the
-        sample was the regular one."""
+        the pulse; a sample while requests wait (and as the pool empties) or when
+        ``next_sample`` is due; whether the sample was the regular one."""
         group = self.group
-        waiting = bool(group.pool.size or group.departures)
+        queued = group.pool.size
+        waiting = bool(queued or group.departures)
         if waiting and not self.timing.held:
             self.decide()
         elif not waiting:
             self.pulse(now)
         regular = now >= next_sample
-        if regular or group.pool.size:
+        if regular or queued or group.pool.size:  # the pass that empties the pool: a row too
             self.sample(regular=regular)
         return regular
 

@@ -97,6 +97,7 @@ class Gateway:
             settings.seed,
             self.clock(),
         )
+        self.sample_s = settings.sample_every(self.switchback.switching)
         self.loop_lag = LoopLag(self.metrics.loop_lag)
         self.quality = LiveQuality()  # predictions at admission beside outcomes, on /metrics
         self.metrics.registry.register(self.quality)
@@ -150,7 +151,7 @@ class Gateway:
         self.dispatcher.on_lag = self.loop_lag.record  # sampled by the decision loop's timer
         self.twins.start()
         self._tasks = [
-            loop.create_task(self.dispatcher.run(s.tick_s, s.sample_s), name="gateway-tick"),
+            loop.create_task(self.dispatcher.run(s.tick_s, self.sample_s), name="gateway-tick"),
             loop.create_task(self.health.run(), name="gateway-health"),
             loop.create_task(self._rotate(), name="gateway-log"),
         ]
@@ -199,9 +200,9 @@ class Gateway:
         """The resolved configuration, written next to the results."""
         s = self.settings
         keys = {"slots", "rank_header", "switch_every_s", "seed", "tick_s", "decide",
-                "sample_s", "max_pool", "tokenizer",
-                "estimator_url"}  # fmt: skip
+                "max_pool", "tokenizer", "estimator_url"}  # fmt: skip
         return {"ranks": s.group, "rank_urls": s.rank_urls, "warmup_s": s.warmup,
+                "sample_s": self.sample_s,
                 "arms": {a.label: a.describe() for a in self.arms}, **s.model_dump(include=keys)}  # fmt: skip
 
     def ab_summary(self) -> dict[str, Any]:

@@ -108,13 +108,15 @@ class GatewaySettings(ServiceSettings):
         "such as count-jsq decide at once); 'now' decides each at once, for ranks that do not "
         "step together (dense models served data parallel have no barrier)",
     )
-    sample_s: float = Field(
-        default=0.1,
+    sample_s: float | None = Field(
+        default=None,
         gt=0,
         le=60,
         allow_inf_nan=False,
         description="seconds between two samples of the group (metrics, the switchback's "
-        "imbalance, OUT/ticks.parquet) while no request waits; every tick while one does",
+        "imbalance, OUT/ticks.parquet) while no request waits; every tick while one does "
+        "(default: 0.1 s while arms alternate, for the switchback's imbalance; else 1 s, as "
+        "each sample wakes the gateway and the metrics need no more)",
     )
     health_interval_s: float = Field(
         default=1.0, gt=0, le=60, allow_inf_nan=False, description="seconds between health checks"
@@ -225,6 +227,13 @@ class GatewaySettings(ServiceSettings):
     def warmup(self) -> float:
         """Seconds at the start of each switchback window left out of its figures."""
         return self.switch_every_s / 4 if self.warmup_s is None else self.warmup_s
+
+    def sample_every(self, switching: bool) -> float:
+        """Seconds between two regular samples: ``sample_s``; else 0.1 s while arms alternate
+        (the switchback's imbalance average) and 1 s otherwise (a sample is a wake-up)."""
+        if self.sample_s is not None:
+            return self.sample_s
+        return 0.1 if switching else 1.0
 
     def rank_url(self, rank: int) -> str:
         """Base URL that rank ``rank`` is reached at."""

@@ -42,15 +42,16 @@ import orjson
 from balanceroute.serving.gateway.decider import BROKEN, LiveRequest, Rejected
 from balanceroute.serving.gateway.plane.request import (
     ABORT,
+    BAD,
     FINISHED,
+    MARKED,
     RETRY,
     PlaneContext,
     Stream,
     UpstreamBroke,
-    matters,
+    classify,
     rank_body,
     read_event,
-    well_formed,
 )
 from balanceroute.serving.gateway.runtime import forward_headers
 from balanceroute.serving.gateway.upstream import RankPool, Upstream
@@ -320,12 +321,13 @@ class Exchange:
             self.held = buf
             return
         whole, self.held = buf[: cut + 2], buf[cut + 2 :]
-        if not well_formed(whole):  # never relayed, never a training row; counts against the rank
+        kind = classify(whole)
+        if kind == BAD:  # never relayed, never a training row; counts against the rank
             log.warning("rank %d sent a stream that is not valid SSE: %r", self.rank, whole[:120])
             self._fail("its stream is not valid SSE")
             return
         st = self.st
-        if matters(whole):
+        if kind == MARKED:
             now = self.ctx.clock()
             events = whole.split(b"\n\n")
             events.pop()

@@ -82,14 +82,7 @@ def matters(events: bytes) -> bool:
 def well_formed(events: bytes) -> bool:
     """Whether complete SSE ``events`` are each a ``data:`` line of JSON (or a comment): what
     a rank that is not an OpenAI-compatible engine, or a broken one, sends is caught before it
-    reaches the client. One JSON parse of every payload at once (valid UTF-8 included); a
-    single data event, the common piece, without splitting."""
-    if events.startswith(b"data: {") and events.find(b"\n\n") == len(events) - 2:
-        try:
-            orjson.loads(events[6:-2])
-        except orjson.JSONDecodeError:
-            return False
-        return True
+    reaches the client. One JSON parse of every payload at once (valid UTF-8 included)."""
     parts = events.split(b"\n\n")
     parts.pop()
     payloads = []
@@ -105,6 +98,25 @@ def well_formed(events: bytes) -> bool:
     except orjson.JSONDecodeError:
         return False
     return True
+
+
+BAD, PLAIN, MARKED = 0, 1, 2  # what :func:`classify` finds
+
+
+def classify(events: bytes) -> int:
+    """Complete SSE ``events`` of a running stream: BAD (not :func:`well_formed`: never
+    relayed), MARKED (one :func:`matters`: read event by event) or PLAIN (token events only:
+    relayed as they came, counted). A single data event, the common piece, in one call: its
+    JSON parsed without splitting, and no ``[DONE]`` search (a JSON object is not the end)."""
+    if events.startswith(b"data: {") and events.find(b"\n\n") == len(events) - 2:
+        try:
+            orjson.loads(events[6:-2])
+        except orjson.JSONDecodeError:
+            return BAD
+        return PLAIN if QUOTED.search(events) is None else MARKED
+    if not well_formed(events):
+        return BAD
+    return MARKED if matters(events) else PLAIN
 
 
 def rank_body(body: dict[str, Any], raw: bytes = b"") -> bytes:

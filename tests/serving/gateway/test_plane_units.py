@@ -14,7 +14,16 @@ from hypothesis import strategies as st
 from balanceroute.serving.gateway.decider import LiveRequest
 from balanceroute.serving.gateway.plane.exchange import Exchange, request_head
 from balanceroute.serving.gateway.plane.front import BadBody, check_body
-from balanceroute.serving.gateway.plane.request import FINISHED, MARKERS, PlaneContext, matters
+from balanceroute.serving.gateway.plane.request import (
+    BAD,
+    FINISHED,
+    MARKED,
+    MARKERS,
+    PLAIN,
+    PlaneContext,
+    classify,
+    matters,
+)
 from balanceroute.serving.gateway.plane.wire import DeciderProxy
 from balanceroute.serving.gateway.settings import GatewaySettings
 from balanceroute.serving.gateway.upstream import RankPool
@@ -168,6 +177,41 @@ PIECES = [b'"finish_reason":null', b'"finish_reason":"stop"', b'"finish_reason":
 def test_the_quick_marker_search_finds_what_the_expression_finds(parts):
     events = b"".join(parts)
     assert matters(events) == (MARKERS.search(events) is not None)
+
+
+EVENT = st.fixed_dictionaries(
+    {"choices": st.lists(st.fixed_dictionaries({
+        "index": st.just(0),
+        "text": st.sampled_from([" w", "[DONE]", "error", 'say "hi"', ""]),
+        "finish_reason": st.sampled_from([None, "stop", "length"])}), max_size=2)},
+    optional={"usage": st.sampled_from([None, {"completion_tokens": 3}]),
+              "error": st.just({"message": "boom"})},
+)  # fmt: skip
+
+
+def _marked(event: dict | None) -> bool:
+    """Whether an event must be read (not relayed as it came): the end, a finish, usage, error."""
+    if event is None:
+        return True  # data: [DONE]
+    return ("error" in event or event.get("usage") is not None
+            or any(c["finish_reason"] is not None for c in event["choices"]))  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(events=st.lists(st.one_of(EVENT, st.none()), min_size=1, max_size=4),
+       bad=st.sampled_from([None, b"data: {\"cut\n\n", b"event: x\n\n"]))  # fmt: skip
+def test_a_piece_is_relayed_as_it_came_only_when_nothing_in_it_is_news(events, bad):
+    """``classify``: BAD exactly when an event is not JSON data (or a comment), and never PLAIN
+    when an event carries the end, a finish, usage or an error (it may say MARKED more often:
+    the slow path reads it right)."""
+    piece = b"".join(b"data: [DONE]\n\n" if e is None else b"data: " + orjson.dumps(e) + b"\n\n"
+                     for e in events) + (bad or b"")  # fmt: skip
+    kind = classify(piece)
+    assert (kind == BAD) == (bad is not None)
+    if bad is None and any(_marked(e) for e in events):
+        assert kind == MARKED
+    if bad is None and len(events) == 1 and events[0] is not None and not _marked(events[0]):
+        assert kind == (MARKED if b'"error"' in piece else PLAIN)
 
 
 def test_a_rank_get_reuses_its_connection_retries_a_stale_one_and_times_out():

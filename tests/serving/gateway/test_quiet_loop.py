@@ -95,8 +95,21 @@ def test_while_requests_wait_every_tick_decides_and_keeps_a_row() -> None:
         group.leave(first, 10, learn=True)
         d.tick(6.0, next_sample=math.inf)
         assert fut.result() == 0 and group.pool.size == 0
+        assert len(d.ticks) == 5 and d.ticks[-1][1] == 0  # the pass that emptied the pool
+        d.tick(7.0, next_sample=math.inf)
+        assert len(d.ticks) == 5  # nothing waits and no sample is due: no row
 
     asyncio.run(scenario())
+
+
+def test_the_regular_sample_is_sparse_unless_arms_alternate() -> None:
+    """Each regular sample wakes the gateway: by default once a second, ten times a second while
+    arms alternate (the switchback's imbalance average); ``--sample`` sets it either way."""
+    ranks = ["http://127.0.0.1:9000"]
+    assert GatewaySettings(ranks=ranks, slots=4).sample_every(switching=False) == 1.0
+    assert GatewaySettings(ranks=ranks, slots=4).sample_every(switching=True) == 0.1
+    chosen = GatewaySettings(ranks=ranks, slots=4, sample_s=0.25)
+    assert chosen.sample_every(switching=False) == chosen.sample_every(switching=True) == 0.25
 
 
 def test_running_requests_keep_the_step_estimate_without_decisions() -> None:
